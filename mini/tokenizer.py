@@ -1,0 +1,108 @@
+"""
+GPT-2 byte-level BPE, exact and offline.
+
+The ranks of GPT-2's BPE are its vocabulary ids (merge i creates token 256 + i), so a snapshot's
+vocab.json (or tokenizer.json) is all tiktoken needs to encode exactly like GPT-2. The repo ships
+the ranks as mini/gpt2.tiktoken (from the openai-whisper sdist on PyPI) so that tests and models
+made from scratch need no network.
+"""
+import base64
+import json
+import os
+
+import tiktoken
+
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOS = "<|endoftext|>"
+SHIPPED_RANKS = os.path.join(os.path.dirname(__file__), "gpt2.tiktoken")
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible map from the 256 byte values to printable unicode characters."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _bpe_split(token, ranks):
+    """Merge the bytes of `token` using only ranks lower than its own; GPT-2 leaves exactly two parts."""
+    max_rank = ranks[token]
+    parts = [bytes([b]) for b in token]
+    while True:
+        best = None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < max_rank and (best is None or rank < best[0]):
+                best = (rank, i)
+        if best is None:
+            return parts
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+class Tokenizer:
+    def __init__(self, ranks):
+        self.ranks = ranks  # dict[bytes, int], without EOS
+        self.eos_token_id = len(ranks)
+        self.enc = tiktoken.Encoding("gpt2-mini", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                                     special_tokens={EOS: self.eos_token_id})
+
+    @property
+    def vocab_size(self):
+        return self.eos_token_id + 1
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)  # no special tokens, "<|endoftext|>" is plain text here
+
+    def decode(self, ids):
+        return self.enc.decode(list(ids))
+
+    @classmethod
+    def gpt2(cls):
+        with open(SHIPPED_RANKS, "rb") as f:
+            ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
+        return cls(ranks)
+
+    @classmethod
+    def from_dir(cls, path):
+        """Build from a snapshot directory holding vocab.json (+ merges.txt) or tokenizer.json."""
+        vocab_file, tok_file = os.path.join(path, "vocab.json"), os.path.join(path, "tokenizer.json")
+        if os.path.exists(vocab_file):
+            with open(vocab_file, encoding="utf-8") as f:
+                vocab = json.load(f)
+        elif os.path.exists(tok_file):
+            with open(tok_file, encoding="utf-8") as f:
+                vocab = json.load(f)["model"]["vocab"]
+        else:
+            raise FileNotFoundError(f"{path} has no vocab.json or tokenizer.json; copy the GPT-2 tokenizer files there "
+                                    "or save the snapshot with mini.loader.save_model")
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok != EOS}
+        merges_file = os.path.join(path, "merges.txt")
+        if os.path.exists(merges_file):  # ids-as-ranks is exact only if merge i made token 256 + i
+            with open(merges_file, encoding="utf-8") as f:
+                merges = [line.split() for line in f if line.strip() and not line.startswith("#version")]
+            for i, (a, b) in enumerate(merges):
+                if vocab.get(a + b) != 256 + i:
+                    raise ValueError(f"{merges_file}: merge {i} ({a} {b}) does not create token {256 + i}; "
+                                     "only GPT-2-style vocabularies (ids in merge order) are supported")
+        return cls(ranks)
+
+    def save(self, out_dir):
+        """Write vocab.json and merges.txt, the files GPT-2 tokenizers read."""
+        to_unicode = bytes_to_unicode()
+        show = lambda b: "".join(to_unicode[x] for x in b)
+        vocab = {show(tok): i for tok, i in self.ranks.items()}
+        vocab[EOS] = self.eos_token_id
+        merges = [" ".join(show(p) for p in _bpe_split(tok, self.ranks))
+                  for tok, _ in sorted(self.ranks.items(), key=lambda kv: kv[1]) if len(tok) > 1]
+        with open(os.path.join(out_dir, "vocab.json"), "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+        with open(os.path.join(out_dir, "merges.txt"), "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
