@@ -1,0 +1,286 @@
+"""
+The GRPO objective as pure functions over tensors; the training loop calls them per micro-batch.
+
+A rollout batch has N = n_prompts * K rows, groups contiguous (rows g*K .. g*K+K-1 share a prompt).
+Completions are right-padded to T: ids (N, T), mask (N, T) 1 on real tokens, and logits (N, T, V)
+are aligned (logits[:, t] predicts ids[:, t]).
+
+Distribution: every log-prob, KL and entropy here is of the tempered softmax(logits / temperature),
+the one the sampler draws from, computed in fp32. With top_k > 0 the sampler renormalises over k
+tokens while the loss uses the full tempered distribution (as TRL does): ratio and KL are then those
+of the untruncated policy, exact for top_k = 0.
+
+Micro-batching: each loss divides by global normalisers of the full rollout batch (normalisers()),
+so the losses and metrics of the micro-batches sum to those of the full batch.
+
+Papers: PPO (Schulman et al. 2017), GAE (Schulman et al. 2016), adaptive KL (Ziegler et al. 2019),
+GRPO (Shao et al. 2024, DeepSeekMath eq. 3-4), DAPO (Yu et al. 2025), Dr. GRPO (Liu et al. 2025).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _tempered(logits, temperature):
+    x = logits.float()  # fp32 log-probs (LESSONS.md: bf16 log_softmax gave KL != 0 at step 1)
+    return x if temperature == 1.0 else x / temperature
+
+
+def _per_position(fn, *xs, chunk_size):
+    """fn over (M, ·) rows, chunk by chunk, for inputs shaped (N, T, ·). Each chunk is recomputed in
+    the backward pass (activation checkpointing), so V-sized temporaries exist for one chunk only."""
+    lead = xs[0].shape[:-1]
+    chunks = zip(*(x.reshape(lead.numel(), -1).split(chunk_size) for x in xs))
+    return torch.cat([checkpoint(fn, *c, use_reentrant=False) for c in chunks]).view(lead)
+
+
+def token_logprobs(logits, ids, temperature=1.0, chunk_size=1024):
+    """log π(o_t | q, o_<t) of the given (sampled) ids: (N, T, V), (N, T) -> (N, T) fp32.
+    Computed as gathered logit - logsumexp, so the (N, T, V) log_softmax is never materialised."""
+    def lp(x, i):
+        x = _tempered(x, temperature)
+        return x.gather(-1, i).squeeze(-1) - x.logsumexp(-1)
+    return _per_position(lp, logits, ids, chunk_size=chunk_size)
+
+
+def exact_kl(logits, ref_logits, kl_type="forward", temperature=1.0, chunk_size=1024):
+    """Exact KL per position over the vocabulary, between the tempered distributions:
+    forward KL(πθ‖πref) = Σ_v πθ (log πθ − log πref), reverse KL(πref‖πθ), symmetric their mean.
+    (N, T, V), (N, T, V) -> (N, T); no gradient flows into the reference."""
+    def kl(x, y):
+        lp, lq = F.log_softmax(_tempered(x, temperature), -1), F.log_softmax(_tempered(y, temperature), -1)
+        fwd = lambda: (lp.exp() * (lp - lq)).sum(-1)
+        rev = lambda: (lq.exp() * (lq - lp)).sum(-1)
+        return {"forward": fwd, "reverse": rev, "symmetric": lambda: (fwd() + rev()) / 2}[kl_type]()
+    return _per_position(kl, logits, ref_logits.detach(), chunk_size=chunk_size)
+
+
+def k3_kl(logp, ref_logp):
+    """Schulman's k3 estimator of KL(πθ‖πref) on sampled tokens (DeepSeekMath eq. 4):
+    exp(q − p) − (q − p) − 1 ≥ 0 with q = log πref, p = log πθ. (N, T), (N, T) -> (N, T).
+    expm1 and the clamp keep it ≥ 0 in fp32 where q ≈ p."""
+    d = ref_logp.detach() - logp
+    return (torch.expm1(d) - d).clamp(min=0)
+
+
+def entropy(logits, temperature=1.0, chunk_size=1024):
+    """Entropy H = −Σ_v π log π of the tempered next-token distribution. (N, T, V) -> (N, T)."""
+    def h(x):
+        lp = F.log_softmax(_tempered(x, temperature), -1)
+        return -(lp.exp() * lp).sum(-1)
+    return _per_position(h, logits, chunk_size=chunk_size)
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def group_advantages(rewards, k, scale_rewards="group", baseline=None, eps=1e-4):
+    """GRPO outcome advantages (DeepSeekMath §4.1.2): Â_i = (r_i − b_i) / s for every token of o_i,
+    b = the group mean (or the given per-row baseline (N,)), s = group std + eps, batch std + eps,
+    or 1 (Dr. GRPO); stds Bessel-corrected. A group whose K rewards are equal carries no signal:
+    its advantage is exactly 0 whatever the baseline. rewards (N,) -> advantages (N,), stats."""
+    r = rewards.float().view(-1, k)  # (G, K)
+    b = r.mean(1, keepdim=True) if baseline is None else baseline.float().view(-1, k)
+    std = {"group": r.std(1, keepdim=True), "batch": r.std()}  # (G, 1) or ()
+    s = 1.0 if scale_rewards == "none" else std[scale_rewards] + eps
+    zero_var = r.amax(1) == r.amin(1)  # (G,)
+    adv = torch.where(zero_var[:, None], 0.0, (r - b) / s)  # (G, K)
+    stats = {"zero_var_share": zero_var.float().mean().item(), "reward_mean": r.mean().item(),
+             "reward_std": r.std().item(), "adv_abs_mean": adv.abs().mean().item()}
+    return adv.view(-1), stats
+
+
+class RewardBaseline:
+    """Per-row baseline b_i for group_advantages, by baseline_type:
+      group_mean  the mean reward of the row's group (GRPO);
+      ema         a running mean μ_τ of the reward per task type τ ("P", "A"),
+                  μ_τ ← d·μ_τ + (1−d)·(mean reward of τ in the batch);
+      adaptive    the group mean shrunk towards the EMA by inverse-variance weighting,
+                  b = w·mean_g + (1−w)·μ_τ,  w = (K·v_τ + eps) / (K·v_τ + s_g² + eps),
+                  s_g² the group's reward variance (its mean has variance s_g²/K) and v_τ a running mean
+                  of (mean_g − μ_τ)², the EMA's error as a predictor of a group mean. Large or consistent
+                  groups trust their own mean (w → 1); small noisy groups lean on the EMA.
+    The state is updated with the batch before use (the first batch initialises it) for every type."""
+
+    def __init__(self, baseline_type="group_mean", ema_decay=0.9, eps=1e-6):
+        assert baseline_type in ("group_mean", "ema", "adaptive"), baseline_type
+        self.baseline_type, self.decay, self.eps = baseline_type, ema_decay, eps
+        self.mean, self.var = {}, {}  # per task type
+
+    def __call__(self, rewards, tasks, k):
+        """rewards (N,), tasks: N task types (constant within a group) -> baseline (N,)."""
+        g = rewards.float().view(-1, k)  # (G, K)
+        gm, gtask = g.mean(1), list(tasks)[::k]  # (G,), one task per group
+        for t in set(gtask):
+            x = gm[[i for i, u in enumerate(gtask) if u == t]]
+            m = self.mean.get(t, x.mean().item())
+            d = self.decay if t in self.mean else 0.0
+            self.var[t] = d * self.var.get(t, 0.0) + (1 - d) * ((x - m) ** 2).mean().item()
+            self.mean[t] = d * m + (1 - d) * x.mean().item()
+        group_mean = gm.repeat_interleave(k)  # (N,)
+        if self.baseline_type == "group_mean":
+            return group_mean
+        ema = torch.tensor([self.mean[t] for t in tasks], device=g.device)  # (N,)
+        if self.baseline_type == "ema":
+            return ema
+        kv = k * torch.tensor([self.var[t] for t in tasks], device=g.device)  # (N,)
+        w = (kv + self.eps) / (kv + g.var(1).repeat_interleave(k) + self.eps)
+        return w * group_mean + (1 - w) * ema
+
+    def state_dict(self):
+        return {"mean": dict(self.mean), "var": dict(self.var)}
+
+    def load_state_dict(self, state):
+        self.mean, self.var = dict(state["mean"]), dict(state["var"])
+
+
+# ----------------------------------------------------------------------------- losses
+
+def normalisers(mask, max_len=None):
+    """Global denominators of a full rollout batch, given to the loss of each of its micro-batches:
+    n_seqs, n_tokens (real completion tokens), max_len (the longest completion; pass the generation
+    budget instead for Dr. GRPO's constant MAX_TOKENS)."""
+    lens = mask.sum(1)
+    return {"n_seqs": mask.size(0), "n_tokens": max(int(lens.sum()), 1), "max_len": max_len or max(int(lens.max()), 1)}
+
+
+def aggregate(x, mask, loss_type="grpo", norm=None):
+    """A micro-batch's share of the full-batch mean of per-token terms x (N, T):
+      grpo     (1/G) Σ_i (1/|o_i|) Σ_t x_it          (DeepSeekMath eq. 3)
+      dr_grpo  (1/(G·L)) Σ_i Σ_t x_it, L max length   (Dr. GRPO)
+      dapo     (1/Σ_i |o_i|) Σ_i Σ_t x_it             (DAPO eq. 8, token level)
+    with G, L, Σ|o_i| from norm (default: this batch's own)."""
+    norm = norm or normalisers(mask)
+    m = mask.bool()
+    s = torch.where(m, x, 0.0).sum(1)  # (N,)
+    if loss_type == "grpo":
+        return (s / m.sum(1).clamp(min=1)).sum() / norm["n_seqs"]
+    if loss_type == "dr_grpo":
+        return s.sum() / (norm["n_seqs"] * norm["max_len"])
+    if loss_type == "dapo":
+        return s.sum() / norm["n_tokens"]
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, loss_type="grpo", norm=None):
+    """PPO clipped surrogate per token (GRPO eq. 3, clip-higher of DAPO), the ratio taken per token
+    against the behaviour policy that sampled (not the reference):
+      ρ_t = exp(log πθ − log π_old),  L_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â).
+    logp (N, T) with grad, old_logp (N, T), adv (N,) or per token (N, T) -> loss, stats."""
+    norm = norm or normalisers(mask)
+    a = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
+    ratio = torch.exp(logp - old_logp.detach())  # (N, T)
+    surrogate = torch.min(ratio * a, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * a)
+    loss = aggregate(-surrogate, mask, loss_type, norm)
+    r, m = ratio.detach(), mask.bool()
+    clipped = ((r < 1 - clip_eps_low) & (a < 0)) | ((r > 1 + clip_eps_high) & (a > 0))  # no gradient there
+    stats = {"clip_frac": (clipped & m).sum().item() / norm["n_tokens"],
+             "ratio_mean": torch.where(m, r, 0.0).sum().item() / norm["n_tokens"]}
+    return loss, stats
+
+
+def value_loss(values, old_values, returns, mask, value_clip=0.2, loss_type="grpo", norm=None):
+    """Clipped value loss (PPO implementations): ½·max((V − R)², (V_old + clip(V − V_old, ±c) − R)²)
+    per token, aggregated like the policy loss. values (N, T) with grad, old_values, returns (N, T)."""
+    v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    return aggregate(0.5 * torch.max((values - returns) ** 2, (v_clip - returns) ** 2), mask, loss_type, norm)
+
+
+# ----------------------------------------------------------------------------- KL coefficient
+
+class AdaptiveKLController:
+    """Proportional controller of the KL coefficient β (Ziegler et al. 2019, §2.2):
+    e = clip(KL/target − 1, −0.2, 0.2),  β ← β·(1 + e·n_steps/horizon), clamped to [min_coef, max_coef]."""
+
+    def __init__(self, init_coef, target, horizon, min_coef=1e-4, max_coef=10.0):
+        self.coef, self.target, self.horizon = float(init_coef), target, horizon
+        self.min_coef, self.max_coef = min_coef, max_coef
+
+    def update(self, kl, n_steps=1):
+        if math.isfinite(kl):  # a non-finite KL (a bad step the loop rolls back) leaves β as it was
+            e = min(max(kl / self.target - 1, -0.2), 0.2)
+            self.coef = min(max(self.coef * (1 + e * n_steps / self.horizon), self.min_coef), self.max_coef)
+        return self.coef
+
+    def state_dict(self):
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state):
+        self.coef = float(state["coef"])
+
+
+def kl_coef_at(step, coef, warmup_steps):
+    """β at optimizer step `step` (0-based): linear ramp from 0 over warmup_steps, then coef."""
+    return coef * min(1.0, step / warmup_steps) if warmup_steps > 0 else coef
+
+
+# ----------------------------------------------------------------------------- optional critic
+
+class ValueHead(nn.Module):
+    """V(s_t) from the last hidden state that also produces logits[:, t]: (N, T, C) -> (N, T) fp32.
+    Zero-initialised, so values start at 0."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.v = nn.Linear(n_embd, 1)
+        nn.init.zeros_(self.v.weight)
+        nn.init.zeros_(self.v.bias)
+
+    def forward(self, h):
+        return self.v(h).squeeze(-1).float()
+
+
+@torch.no_grad()
+def gae(reward, values, mask, gamma=1.0, lam=0.95):
+    """GAE (Schulman et al. 2016, eq. 16) over completion tokens, the terminal reward (N,) on each
+    row's last real token: δ_t = r_t + γ·V_{t+1} − V_t, Â_t = δ_t + γλ·Â_{t+1}, V and Â zero after
+    the last real token. values (N, T), mask (N, T) right-padded -> advantages, returns (N, T)."""
+    m, v = mask.float(), values.float()
+    r = torch.zeros_like(v)
+    r[torch.arange(v.size(0)), (m.sum(1).long() - 1).clamp(min=0)] = reward.float()
+    adv, next_v, next_a = torch.zeros_like(v), torch.zeros_like(v[:, 0]), torch.zeros_like(v[:, 0])
+    for t in reversed(range(v.size(1))):
+        next_a = (r[:, t] + gamma * next_v - v[:, t] + gamma * lam * next_a) * m[:, t]
+        next_v = v[:, t] * m[:, t]
+        adv[:, t] = next_a
+    return adv, (adv + v) * m
+
+
+# ----------------------------------------------------------------------------- the loss of a micro-batch
+
+def grpo_loss(logits, ids, mask, adv, old_logp=None, ref_logits=None, ref_logp=None, norm=None, *,
+              temperature=1.0, clip_eps_low=0.2, clip_eps_high=0.2, loss_type="grpo", kl_type="k3",
+              kl_coef=0.0, entropy_coef=0.0, values=None, old_values=None, returns=None,
+              value_coef=0.1, value_clip=0.2):
+    """Loss of one micro-batch: policy + β·KL − c_H·entropy [+ c_V·value] (DeepSeekMath eq. 3-4).
+    old_logp None: on-policy (first PPO epoch), old = current log-probs detached, so ρ = 1.
+    KL: k3 needs ref_logp (or ref_logits), exact types need ref_logits; with neither it is skipped.
+    Every term uses the global normalisers `norm` (default: this batch's own), so losses and
+    metrics of the micro-batches sum to those of the full batch. Returns (loss, metrics of floats)."""
+    norm = norm or normalisers(mask)
+    agg = lambda x: aggregate(x, mask, loss_type, norm)
+    grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
+    logp = token_logprobs(logits, ids, temperature)  # (N, T)
+    pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
+                              clip_eps_low, clip_eps_high, loss_type, norm)
+    loss = pl
+    if ref_logp is not None or ref_logits is not None:
+        with grad_if(kl_coef):
+            if kl_type == "k3":
+                q = ref_logp if ref_logp is not None else token_logprobs(ref_logits, ids, temperature)
+                kl = agg(k3_kl(logp, q))
+            else:
+                kl = agg(exact_kl(logits, ref_logits, kl_type, temperature))
+        loss = loss + kl_coef * kl
+        metrics["kl"] = kl.item()
+    with grad_if(entropy_coef):
+        ent = agg(entropy(logits, temperature))
+    loss = loss - entropy_coef * ent
+    if values is not None:
+        vl = value_loss(values, old_values, returns, mask, value_clip, loss_type, norm)
+        loss = loss + value_coef * vl
+        metrics["value_loss"] = vl.item()
+    metrics.update(loss=loss.item(), policy_loss=pl.item(), entropy=ent.item())
+    return loss, metrics

@@ -1,0 +1,115 @@
+"""
+Load and save GPT-2 snapshots in the Hugging Face format (config.json, model.safetensors, vocab.json,
+merges.txt), from a local directory or the hub:
+
+    model, tok = load_model("jrahn/RookWorld-LM-124M", device="cuda")
+    save_model(model, tok, "logs/run/final")  # also loads with transformers.GPT2LMHeadModel
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mini.model import GPT, GPTConfig
+from mini.tokenizer import Tokenizer
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # (in, out) in HF
+SNAPSHOT_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt", "tokenizer.json"]
+
+
+class LoadError(Exception):
+    """A problem the user can fix; the message says how."""
+
+
+def resolve_snapshot(name_or_path):
+    """A local directory as it is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    if os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") != 1:
+        raise LoadError(f"model directory {name_or_path!r} does not exist; pass an existing snapshot directory "
+                        "or a hub id like jrahn/RookWorld-LM-124M")
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(name_or_path, allow_patterns=SNAPSHOT_FILES)
+    except Exception as e:  # offline without cache, unknown repo, network errors: all end the same way
+        raise LoadError(f"could not get {name_or_path!r} from the Hugging Face hub or its local cache "
+                        f"({type(e).__name__}); connect to the network once, point HF_HOME at a cache that has it, "
+                        "or pass a local snapshot directory") from None
+
+
+def read_config(path):
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_file):
+        raise LoadError(f"{path} has no config.json; is it a GPT-2 snapshot directory?")
+    with open(cfg_file) as f:
+        hf = json.load(f)
+    try:
+        return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                         n_positions=hf.get("n_positions", hf.get("n_ctx")), vocab_size=hf["vocab_size"])
+    except KeyError as e:
+        raise LoadError(f"{cfg_file} lacks {e.args[0]!r}; it does not describe a GPT-2 model") from None
+
+
+def read_state_dict(path):
+    st, pt = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
+    if os.path.exists(st):
+        return load_file(st)
+    if os.path.exists(pt):
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    raise LoadError(f"{path} has no model.safetensors or pytorch_model.bin; the snapshot is incomplete, download it again")
+
+
+def load_model(name_or_path, device="cpu"):
+    """(GPT in eval mode with fp32 weights, Tokenizer) from a hub id or a snapshot directory."""
+    path = resolve_snapshot(name_or_path)
+    cfg = read_config(path)
+    model = GPT(cfg)
+    own = model.state_dict()
+    loaded = set()
+    for key, w in read_state_dict(path).items():
+        key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
+        if key.endswith((".attn.bias", ".attn.masked_bias")):  # HF's causal-mask buffers
+            continue
+        if key not in own:
+            raise LoadError(f"{path}: unexpected weight {key!r}; this is not a GPT-2 checkpoint")
+        if key.endswith(CONV1D):
+            w = w.t()
+        if w.shape != own[key].shape:
+            raise LoadError(f"{path}: weight {key} has shape {tuple(w.shape)} but config.json implies "
+                            f"{tuple(own[key].shape)}; config.json and the weights do not match")
+        own[key].copy_(w.float())
+        loaded.add(key)
+    missing = set(own) - loaded - {"lm_head.weight"}  # lm_head is tied to wte
+    if missing:
+        raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
+    has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))
+    tokenizer = Tokenizer.from_dir(path) if has_vocab else Tokenizer.gpt2()
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise LoadError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
+    return model.to(device).eval(), tokenizer
+
+
+def save_model(model, tokenizer, out_dir):
+    """Write a Hugging Face GPT-2 snapshot; a temporary directory is renamed into place when complete."""
+    cfg = model.config
+    hf_config = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_layer=cfg.n_layer, n_head=cfg.n_head,
+                     n_embd=cfg.n_embd, n_positions=cfg.n_positions, n_ctx=cfg.n_positions, vocab_size=cfg.vocab_size,
+                     activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     tie_word_embeddings=True)
+    state = {k: (v.t() if k.endswith(CONV1D) else v).detach().float().cpu().contiguous()
+             for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: stored once, as wte
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
+    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    tokenizer.save(tmp)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    return out_dir

@@ -1,0 +1,317 @@
+"""The GRPO objective against hand-computed examples and naive reference loops.
+
+    python mini/test_grpo.py
+"""
+import math
+import statistics
+
+import pytest
+import torch
+from hypothesis import example, given, settings, strategies as st
+from torch.distributions import Categorical, kl_divergence
+
+from mini.grpo import (AdaptiveKLController, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
+                       group_advantages, grpo_loss, k3_kl, kl_coef_at, normalisers, policy_loss, token_logprobs,
+                       value_loss)
+
+LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
+LENS = [6, 3, 2, 1, 6, 2, 4, 5]  # uneven completion lengths, N = 8 = 2 groups of K = 4
+
+
+def batch(lens=LENS, T=6, V=11, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N = len(lens)
+    logits = torch.randn(N, T, V, generator=g)
+    ids = torch.randint(V, (N, T), generator=g)
+    mask = (torch.arange(T)[None] < torch.tensor(lens)[:, None]).float()
+    old_logp = token_logprobs(logits, ids) + 0.3 * torch.randn(N, T, generator=g)  # ratios on both sides of the clip
+    return logits, ids, mask, old_logp, g
+
+
+def naive_logp(logits, ids, i, t, temperature=1.0):
+    return torch.log_softmax(logits[i, t] / temperature, -1)[ids[i, t]]
+
+
+def naive_weights(lens, loss_type):
+    """The weight of each real token in the aggregate, by loss type."""
+    N, L, n_tok = len(lens), max(lens), sum(lens)
+    return [{"grpo": 1 / (N * n), "dr_grpo": 1 / (N * L), "dapo": 1 / n_tok}[loss_type] for n in lens]
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def test_group_advantages_hand_example():
+    r = torch.tensor([1, 0, 0, 1, 0.2124, 0.2124, 0.2124, 0.2124, 1, 0.5, 0, 0.5])
+    adv, stats = group_advantages(r, 4)
+    s1, s3 = math.sqrt(1 / 3) + 1e-4, math.sqrt(1 / 6) + 1e-4  # Bessel std of [1,0,0,1] and [1,.5,0,.5]
+    want = [0.5 / s1, -0.5 / s1, -0.5 / s1, 0.5 / s1, 0, 0, 0, 0, 0.5 / s3, 0, -0.5 / s3, 0]
+    assert torch.allclose(adv, torch.tensor(want), atol=1e-6)
+    assert adv[4:8].eq(0).all()  # exactly zero, though 4 * 0.2124 / 4 need not equal 0.2124
+    assert stats["zero_var_share"] == pytest.approx(1 / 3)
+
+    centred = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 0, -0.5, 0]
+    adv_b, _ = group_advantages(r, 4, scale_rewards="batch")
+    assert torch.allclose(adv_b, torch.tensor(centred) / (statistics.stdev(r.tolist()) + 1e-4), atol=1e-6)
+    adv_n, _ = group_advantages(r, 4, scale_rewards="none")
+    assert torch.allclose(adv_n, torch.tensor(centred), atol=1e-6)
+    adv_k, _ = group_advantages(r, 4, scale_rewards="none", baseline=torch.full((12,), 0.25))
+    want_k = [0.75, -0.25, -0.25, 0.75, 0, 0, 0, 0, 0.75, 0.25, -0.25, 0.25]  # zero-variance group stays 0
+    assert torch.allclose(adv_k, torch.tensor(want_k), atol=1e-6)
+
+
+def test_reward_baseline_hand_example_and_state():
+    tasks = ["P", "P", "A", "A", "P", "P"]  # k = 2: groups P, A, P
+    types = ["group_mean", "ema", "adaptive"]
+    bl = {t: RewardBaseline(t, ema_decay=0.9) for t in types}
+    first = {t: bl[t](torch.tensor([1.0, 0, 1, 1, 0, 0]), tasks, 2) for t in types}
+    assert torch.allclose(first["group_mean"], torch.tensor([0.5, 0.5, 1, 1, 0, 0]))
+    assert torch.allclose(first["ema"], torch.tensor([0.25, 0.25, 1, 1, 0.25, 0.25]))  # the first batch initialises
+    assert bl["ema"].var == pytest.approx({"P": 0.0625, "A": 0.0})
+
+    restored = RewardBaseline("adaptive", ema_decay=0.9)
+    restored.load_state_dict(bl["adaptive"].state_dict())
+    r2 = torch.tensor([1.0, 1, 0, 1, 1, 0])
+    second = {t: bl[t](r2, tasks, 2) for t in types}
+    # P: mean 0.9*0.25 + 0.1*0.75 = 0.3, var 0.9*0.0625 + 0.1*((1-.25)^2 + (.5-.25)^2)/2 = 0.0875
+    # A: mean 0.9*1 + 0.1*0.5 = 0.95,   var 0.1*(0.5-1)^2 = 0.025
+    assert bl["ema"].mean == pytest.approx({"P": 0.3, "A": 0.95})
+    assert bl["ema"].var == pytest.approx({"P": 0.0875, "A": 0.025})
+    assert torch.allclose(second["ema"], torch.tensor([0.3, 0.3, 0.95, 0.95, 0.3, 0.3]))
+    wA, wP = (0.05 + 1e-6) / (0.05 + 0.5 + 1e-6), (0.175 + 1e-6) / (0.175 + 0.5 + 1e-6)  # w = (Kv+eps)/(Kv+s^2+eps)
+    bA, bP = wA * 0.5 + (1 - wA) * 0.95, wP * 0.5 + (1 - wP) * 0.3
+    assert torch.allclose(second["adaptive"], torch.tensor([1, 1, bA, bA, bP, bP]))  # s^2 = 0: w = 1
+    assert torch.allclose(restored(r2, tasks, 2), second["adaptive"])
+
+
+@pytest.mark.parametrize("baseline_type", ["group_mean", "ema", "adaptive"])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_zero_variance_group_gives_zero_gradient(baseline_type, scale):
+    logits, ids, mask, old_logp, _ = batch()
+    logits.requires_grad_(True)
+    rewards = torch.tensor([1.0, 0, 0.5, 1, 0.3, 0.3, 0.3, 0.3])
+    tasks = ["P"] * 4 + ["A"] * 4
+    base = RewardBaseline(baseline_type)
+    base(torch.tensor([0.0, 0.1, 0.2, 0.9, 0.5, 0.6, 0.7, 0.8]), tasks, 4)  # the EMA differs from 0.3
+    adv, stats = group_advantages(rewards, 4, scale, baseline=base(rewards, tasks, 4))
+    assert stats["zero_var_share"] == 0.5
+    loss, _ = grpo_loss(logits, ids, mask, adv, old_logp)  # ratios != 1, no KL or entropy term
+    loss.backward()
+    assert logits.grad[4:].eq(0).all() and logits.grad[:4].abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_first_iteration_gradient_is_reinforce_with_baseline(loss_type):
+    """ratio = 1: ∇L = −Σ_i w_i Â_i Σ_t ∇log π(o_it), w_i the aggregation weight of the loss type."""
+    logits, ids, mask, _, g = batch()
+    adv, _ = group_advantages(torch.rand(8, generator=g), 4)
+    temp = 0.7
+    x = logits.clone().requires_grad_(True)
+    logp = token_logprobs(x, ids, temp)
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type)
+    loss.backward()
+
+    y = logits.clone().requires_grad_(True)
+    w = naive_weights(LENS, loss_type)
+    J = sum(w[i] * adv[i] * naive_logp(y, ids, i, t, temp) for i in range(8) for t in range(LENS[i]))
+    (-J).backward()
+    assert torch.allclose(x.grad, y.grad, atol=1e-6)
+    assert loss.item() == pytest.approx(-sum(w[i] * adv[i].item() * LENS[i] for i in range(8)), abs=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_policy_loss_matches_naive_loop(loss_type):
+    logits, ids, mask, old_logp, g = batch()
+    adv = torch.randn(8, generator=g)
+    lo, hi = 0.2, 0.28
+    loss, stats = policy_loss(token_logprobs(logits, ids), old_logp, adv, mask, lo, hi, loss_type)
+    w, total, n_clip = naive_weights(LENS, loss_type), 0.0, 0
+    for i in range(8):
+        a = adv[i].item()
+        for t in range(LENS[i]):
+            rho = math.exp(naive_logp(logits, ids, i, t).item() - old_logp[i, t].item())
+            total += w[i] * -min(rho * a, min(max(rho, 1 - lo), 1 + hi) * a)
+            n_clip += (rho < 1 - lo and a < 0) or (rho > 1 + hi and a > 0)
+    assert loss.item() == pytest.approx(total, abs=1e-6)
+    assert stats["clip_frac"] == pytest.approx(n_clip / sum(LENS)) and 0 < n_clip < sum(LENS)
+
+
+def test_aggregate_rejects_unknown_type():
+    with pytest.raises(ValueError):
+        aggregate(torch.ones(2, 3), torch.ones(2, 3), "sum")
+
+
+@pytest.mark.parametrize("kl_type", ["k3", "forward"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_micro_batching_gives_same_loss_and_gradient(loss_type, kl_type):
+    logits, ids, mask, old_logp, g = batch()
+    ref_logits = logits + 0.5 * torch.randn(logits.shape, generator=g)
+    adv, _ = group_advantages(torch.rand(8, generator=g), 4)
+    values0, returns = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
+    kw = dict(temperature=0.8, clip_eps_low=0.2, clip_eps_high=0.28, loss_type=loss_type, kl_type=kl_type,
+              kl_coef=0.1, entropy_coef=0.01, value_coef=0.1, value_clip=0.2)
+
+    def run(rows_per_micro):
+        x, v = logits.clone().requires_grad_(True), values0.clone().requires_grad_(True)
+        norm, total, metrics = normalisers(mask), 0.0, {}
+        for s in range(0, 8, rows_per_micro):
+            r = slice(s, s + rows_per_micro)
+            T = int(mask[r].sum(1).max())  # each micro-batch trimmed to its own longest completion
+            loss, m = grpo_loss(x[r, :T], ids[r, :T], mask[r, :T], adv[r], old_logp[r, :T], ref_logits[r, :T],
+                                norm=norm, values=v[r, :T], old_values=values0[r, :T] + 0.1,
+                                returns=returns[r, :T], **kw)
+            loss.backward()
+            total += loss.item()
+            metrics = {k: metrics.get(k, 0.0) + m[k] for k in m}
+        return total, x.grad, v.grad, metrics
+
+    full, micro = run(8), run(2)
+    assert micro[0] == pytest.approx(full[0], abs=1e-6)
+    assert torch.allclose(micro[1], full[1], atol=1e-7) and torch.allclose(micro[2], full[2], atol=1e-7)
+    assert micro[3] == pytest.approx(full[3], abs=1e-6)  # metrics are summable shares too
+    assert set(full[3]) >= {"loss", "policy_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss"}
+    assert all(type(val) is float for val in full[3].values())  # nothing graph-attached
+
+
+def test_grpo_loss_terms_and_on_policy_default():
+    logits, ids, mask, _, g = batch()
+    ref_logits = logits + 0.5 * torch.randn(logits.shape, generator=g)
+    adv, _ = group_advantages(torch.rand(8, generator=g), 4)
+    loss, m = grpo_loss(logits, ids, mask, adv, ref_logits=ref_logits, kl_type="reverse", kl_coef=0.1, entropy_coef=0.01)
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
+    kl = aggregate(exact_kl(logits, ref_logits, "reverse"), mask)
+    ent = aggregate(entropy(logits), mask)
+    assert m["kl"] == pytest.approx(kl.item()) and m["entropy"] == pytest.approx(ent.item())
+    assert loss.item() == pytest.approx(m["policy_loss"] + 0.1 * kl.item() - 0.01 * ent.item(), abs=1e-6)
+    _, m_no_ref = grpo_loss(logits, ids, mask, adv)
+    assert "kl" not in m_no_ref
+
+
+# ----------------------------------------------------------------------------- KL, entropy, log-probs
+
+def test_token_logprobs_fp32_chunked_and_direct():
+    logits, ids, _, _, _ = batch()
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, ids[..., None]).squeeze(-1)
+    x = logits.clone().requires_grad_(True)
+    got = token_logprobs(x, ids, 0.7, chunk_size=5)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
+    got.sum().backward()
+    y = logits.clone().requires_grad_(True)
+    token_logprobs(y, ids, 0.7, chunk_size=10**6).sum().backward()
+    assert torch.allclose(x.grad, y.grad, atol=1e-7)
+    assert token_logprobs(logits.bfloat16(), ids).dtype == torch.float32
+
+
+def test_exact_kl_zero_for_identical_models():
+    logits, ids, _, _, _ = batch()
+    for kl_type in ["forward", "reverse", "symmetric"]:
+        assert exact_kl(logits, logits.clone(), kl_type, temperature=0.7).abs().max() == 0
+    lp = token_logprobs(logits, ids)
+    assert k3_kl(lp, lp.clone()).abs().max() == 0
+
+
+def test_exact_kl_matches_direct_computation():
+    logits, _, _, _, g = batch()
+    ref = logits + torch.randn(logits.shape, generator=g)
+    P, Q = Categorical(logits=logits / 0.8), Categorical(logits=ref / 0.8)
+    fwd, rev = kl_divergence(P, Q), kl_divergence(Q, P)
+    assert torch.allclose(exact_kl(logits, ref, "forward", 0.8), fwd, atol=1e-6)
+    assert torch.allclose(exact_kl(logits, ref, "reverse", 0.8), rev, atol=1e-6)
+    assert torch.allclose(exact_kl(logits, ref, "symmetric", 0.8), (fwd + rev) / 2, atol=1e-6)
+    assert (fwd > 0).all()
+
+
+@pytest.mark.parametrize("kl_type", ["forward", "reverse", "symmetric"])
+def test_exact_kl_chunked_equals_unchunked(kl_type):
+    logits, _, _, _, g = batch()
+    ref = (logits + torch.randn(logits.shape, generator=g)).requires_grad_(True)
+    out = []
+    for chunk in [1, 7, 10**6]:
+        x = logits.clone().requires_grad_(True)
+        kl = exact_kl(x, ref, kl_type, chunk_size=chunk)
+        (kl * torch.arange(48.0).view(8, 6)).sum().backward()
+        out.append((kl.detach(), x.grad))
+    for kl, grad in out[:2]:
+        assert torch.allclose(kl, out[2][0], atol=1e-7) and torch.allclose(grad, out[2][1], atol=1e-6)
+    assert ref.grad is None  # the reference is frozen
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(-30, 30), st.one_of(st.floats(-30, 30), st.floats(-1e-6, 1e-6)))
+@example(0.0, 4e-8)  # fp32 exp(d) - d - 1 = -6e-8 here
+def test_k3_nonnegative(p, d):
+    q = p + d
+    k3 = k3_kl(torch.tensor([p]), torch.tensor([q])).item()
+    assert k3 >= 0
+    assert k3 == pytest.approx(math.exp(q - p) - (q - p) - 1, rel=1e-4, abs=1e-6)
+
+
+def test_k3_is_unbiased_for_kl_on_policy_samples():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 1, 7, generator=g)
+    ref = logits + 0.3 * torch.randn(logits.shape, generator=g)  # close distributions
+    ids = torch.multinomial(torch.softmax(logits[:, 0], -1), 100_000, replacement=True, generator=g)  # (4, S)
+    lp = torch.log_softmax(logits[:, 0], -1).gather(1, ids)
+    lq = torch.log_softmax(ref[:, 0], -1).gather(1, ids)
+    estimate, exact = k3_kl(lp, lq).mean(1), exact_kl(logits, ref)[:, 0]
+    assert torch.allclose(estimate, exact, rtol=0.05, atol=1e-4), (estimate, exact)
+
+
+def test_entropy_matches_direct_computation():
+    logits, _, _, _, _ = batch()
+    want = Categorical(logits=logits / 1.3).entropy()
+    assert torch.allclose(entropy(logits, 1.3), want, atol=1e-6)
+    assert torch.allclose(entropy(logits, 1.3, chunk_size=5), want, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- critic
+
+def test_gae_hand_example():
+    values = torch.tensor([[0.5, 0.6, 0.7], [0.2, 0.4, 9.9]])  # row 1 has 2 tokens; 9.9 is padding
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, ret = gae(torch.tensor([1.0, 0.0]), values, mask, gamma=0.9, lam=0.8)
+    # row 0: δ = [0.9*.6-.5, 0.9*.7-.6, 1-.7] = [.04, .03, .3]; Â_2 = .3, Â_1 = .03+.72*.3, Â_0 = .04+.72*.246
+    # row 1: δ = [0.9*.4-.2, 0-.4] = [.16, -.4];  Â_1 = -.4, Â_0 = .16+.72*(-.4)
+    assert torch.allclose(adv, torch.tensor([[0.21712, 0.246, 0.3], [-0.128, -0.4, 0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.71712, 0.846, 1.0], [0.072, 0.0, 0.0]]), atol=1e-6)
+    mc, _ = gae(torch.tensor([1.0, 0.0]), values, mask, gamma=1.0, lam=1.0)  # Monte Carlo: R − V_t
+    assert torch.allclose(mc, torch.tensor([[0.5, 0.4, 0.3], [-0.2, -0.4, 0]]), atol=1e-6)
+
+
+def test_value_loss_hand_example_and_head():
+    values, old = torch.tensor([[1.0, 0.6]]), torch.tensor([[0.5, 0.5]])
+    returns = torch.tensor([[2.0, 0.0]])
+    # token 0: max((1-2)^2, (0.7-2)^2) / 2 = 0.845; token 1: clip inactive, 0.36 / 2 = 0.18
+    assert value_loss(values, old, returns, torch.ones(1, 2), 0.2).item() == pytest.approx((0.845 + 0.18) / 2)
+    head = ValueHead(16)
+    v = head(torch.randn(3, 5, 16))
+    assert v.shape == (3, 5) and v.eq(0).all()
+
+
+# ----------------------------------------------------------------------------- KL coefficient
+
+def test_adaptive_kl_controller():
+    up = AdaptiveKLController(0.1, target=0.02, horizon=100)
+    assert up.update(0.03) == pytest.approx(0.1 * (1 + 0.2 / 100))  # error 0.5, clipped to 0.2
+    down = AdaptiveKLController(0.1, target=0.02, horizon=100)
+    assert down.update(0.019) == pytest.approx(0.1 * (1 - 0.05 / 100))
+    assert down.update(0.01, n_steps=4) == pytest.approx(0.1 * (1 - 0.05 / 100) * (1 - 0.2 * 4 / 100))
+    assert down.update(float("nan")) == pytest.approx(0.1 * (1 - 0.05 / 100) * (1 - 0.2 * 4 / 100))  # NaN: no change
+    for _ in range(5000):
+        up.update(1.0, n_steps=10)
+        down.update(0.0, n_steps=10)
+    assert up.coef == up.max_coef and down.coef == down.min_coef
+    restored = AdaptiveKLController(0.5, target=0.02, horizon=100)
+    restored.load_state_dict(up.state_dict())
+    assert restored.coef == up.coef
+
+
+def test_kl_warmup():
+    assert [kl_coef_at(s, 0.02, 10) for s in (0, 5, 10, 50)] == pytest.approx([0, 0.01, 0.02, 0.02])
+    assert kl_coef_at(0, 0.02, 0) == 0.02
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,87 @@
+"""Snapshot round-trips (ours -> ours, ours -> transformers) and the errors a user can cause.
+
+    python mini/test_loader.py
+"""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mini.loader import CONV1D, LoadError, load_model, save_model
+from mini.model import GPT, GPTConfig
+from mini.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=48)).eval()  # real vocab, odd n_positions
+    path = save_model(model, Tokenizer.gpt2(), str(tmp_path_factory.mktemp("snap") / "model"))
+    return model, path
+
+
+IDS = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]])
+
+
+@torch.no_grad()
+def test_round_trip_through_load_model(snapshot):
+    model, path = snapshot
+    loaded, tok = load_model(path)
+    assert loaded.config == model.config and loaded.config.n_positions == 48
+    assert torch.equal(loaded(IDS), model(IDS))
+    assert tok.encode("P: 8/8/8") == Tokenizer.gpt2().encode("P: 8/8/8")
+
+
+@torch.no_grad()
+def test_round_trip_through_transformers(snapshot):
+    transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
+    model, path = snapshot
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    theirs = hf.state_dict()
+    for key, w in model.state_dict().items():  # the same numbers, bit for bit (HF keeps Conv1D as (in, out))
+        assert torch.equal(theirs[key].t() if key.endswith(CONV1D) else theirs[key], w), key
+    assert (hf(IDS).logits - model(IDS)).abs().max() <= 1e-5  # two implementations: equal up to fp32 rounding
+
+
+def test_pytorch_bin_fallback(snapshot, tmp_path):
+    model, path = snapshot
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        os.link(os.path.join(path, f), tmp_path / f)
+    torch.save(load_file(os.path.join(path, "model.safetensors")), tmp_path / "pytorch_model.bin")
+    loaded, _ = load_model(str(tmp_path))
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS), model(IDS))
+
+
+def test_clear_errors(snapshot, tmp_path):
+    _, path = snapshot
+    with pytest.raises(LoadError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"))
+    with pytest.raises(LoadError, match="no config.json"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(open(os.path.join(path, "config.json")).read())
+    with pytest.raises(LoadError, match="no model.safetensors"):
+        load_model(str(tmp_path))
+    state = load_file(os.path.join(path, "model.safetensors"))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "n_embd": 64}))
+    with pytest.raises(LoadError, match="do not match"):
+        load_model(str(tmp_path))
+
+
+def test_hub_offline_without_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(LoadError, match="Hugging Face hub or its local cache"):
+        load_model("jrahn/RookWorld-LM-124M")
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
