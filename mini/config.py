@@ -33,7 +33,7 @@ class Config:
     data_file: str = opt("", "RookWorld-format text file, with --data_source file")
     skip_bad_lines: bool = opt(True, "skip malformed data lines with a count (else stop at the first one)")
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)")
-    stockfish_depth: int = opt(12, "Stockfish search depth for annotating positions")
+    stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions")
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
 
     # GRPO objective

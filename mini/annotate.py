@@ -1,0 +1,190 @@
+"""
+Stockfish ground truth for the P: task, and the command that builds the shipped data:
+
+    python mini/annotate.py --pool 5000 --eval 500 --depth 10 --seed 0
+
+Positions come from mini/dataset.iter_positions. Random play leaves many lopsided positions, so a quick
+search screens them: beyond --max_eval pawns a position is kept with probability 1/4 only. Each kept one
+gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
+move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
+results are cached on disk by FEN and limit.
+"""
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import queue
+import random
+import shutil
+import sys
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+
+import chess
+import chess.engine
+from huggingface_hub.utils import tqdm
+
+from mini.config import Config
+from mini.dataset import EVAL_PATH, POOL_PATH, iter_positions
+
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
+
+
+def find_stockfish(path=""):
+    """The Stockfish binary: the given path, else PATH, else Debian's /usr/games/stockfish."""
+    found = shutil.which(path) if path else shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
+    if not found:
+        where = f"no executable at {path}" if path else "not on PATH nor in /usr/games"
+        raise FileNotFoundError(f"Stockfish not found ({where}): install it with `apt-get install stockfish` "
+                                "or point --stockfish_path at the binary.")
+    return found
+
+
+def to_pawns(score):
+    """A side-to-move score in the data's convention: pawns, mate in n = +-(1000 - n/100)."""
+    return score.relative.score(mate_score=100000) / 100
+
+
+def _close(engine):
+    try:
+        if engine:
+            engine.quit()
+    except (chess.engine.EngineError, CancelledError):  # already dead
+        engine.close()
+
+
+class Annotator:
+    """MultiPV Stockfish analysis of many positions with `workers` engine processes and a FEN cache."""
+
+    def __init__(self, stockfish_path="", depth=12, time_s=None, workers=None, cache_path=DEFAULT_CACHE, multipv=5):
+        self.path = find_stockfish(stockfish_path)
+        self.limit = chess.engine.Limit(time=time_s) if time_s else chess.engine.Limit(depth=depth)
+        self.tag = f"time={time_s}" if time_s else f"depth={depth}"  # cached results are valid for this limit only
+        self.multipv, self.cache_path, self.cache = multipv, cache_path, {}
+        self.workers = workers or os.cpu_count() or 1
+        self.idle = queue.Queue()  # engines not in use; None = not started yet
+        for _ in range(self.workers):
+            self.idle.put(None)
+        if cache_path and os.path.exists(cache_path):
+            with open(cache_path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by an interrupted run
+                        continue
+                    if r.get("limit") == self.tag and r.get("multipv") == multipv:
+                        self.cache[r["fen"]] = (r["moves"], r["evals"])
+
+    def _start(self):
+        engine = chess.engine.SimpleEngine.popen_uci(self.path)
+        engine.configure({"Threads": 1})  # parallelism comes from processes; one thread is deterministic
+        return engine
+
+    def _search(self, engine, fen):
+        # a new game each time clears the hash, so a result depends on the position only
+        infos = engine.analyse(chess.Board(fen), self.limit, multipv=self.multipv, game=object())
+        infos = [i for i in infos if i.get("pv")]
+        if not infos:
+            raise ValueError(f"no legal move to annotate in {fen}")
+        return [i["pv"][0].uci() for i in infos], [to_pawns(i["score"]) for i in infos]
+
+    def _analyse(self, fen):
+        engine = self.idle.get()
+        try:
+            for _ in range(3):
+                try:
+                    engine = engine or self._start()
+                    return self._search(engine, fen)
+                except (chess.engine.EngineError, CancelledError):  # the process died: restart it and try again
+                    _close(engine)
+                    engine = None
+            raise RuntimeError(f"Stockfish failed 3 times on {fen}")
+        finally:
+            self.idle.put(engine)
+
+    def annotate(self, fens):
+        """{fen: (moves ranked PV1 first, evals)} for the given FENs."""
+        todo = [f for f in dict.fromkeys(fens) if f not in self.cache]
+        if todo and self.cache_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
+        cache = open(self.cache_path, "a", encoding="utf-8") if todo and self.cache_path else contextlib.nullcontext()
+        with cache as out, ThreadPoolExecutor(self.workers) as pool, \
+                tqdm(total=len(todo), desc="stockfish", disable=len(todo) < 100) as bar:
+            for fen, (moves, evals) in zip(todo, pool.map(self._analyse, todo)):
+                self.cache[fen] = (moves, evals)
+                if out:
+                    record = {"fen": fen, "limit": self.tag, "multipv": self.multipv, "moves": moves, "evals": evals}
+                    out.write(json.dumps(record) + "\n")
+                bar.update()
+        return {f: self.cache[f] for f in fens}
+
+    def version(self):
+        engine = self.idle.get()
+        try:
+            engine = engine or self._start()
+            return engine.id.get("name", "Stockfish")
+        finally:
+            self.idle.put(engine)
+
+    def close(self):
+        while not self.idle.empty():
+            _close(self.idle.get())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def write_jsonl(path, meta, positions, labels):
+    """Header record, then one position per line; written to a temporary file first, then renamed."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"meta": meta}) + "\n")
+        for fen, history, _ in positions:
+            moves, evals = labels[fen]
+            record = {"fen": fen, "moves": moves, "evals": evals, "history": history}
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    cfg = Config()
+    p = argparse.ArgumentParser(description="Annotate generated positions with Stockfish; write the shipped pool and eval set.")
+    p.add_argument("--pool", type=int, default=5000, help="training positions")
+    p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
+    p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
+    p.add_argument("--depth", type=int, default=cfg.stockfish_depth, help="Stockfish depth")
+    p.add_argument("--screen_depth", type=int, default=6, help="depth of the quick search that screens positions")
+    p.add_argument("--max_eval", type=float, default=4.0, help="beyond this many pawns, keep a position with probability 1/4")
+    p.add_argument("--time", type=float, default=None, help="seconds per position instead of a depth")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes")
+    p.add_argument("--stockfish_path", default=cfg.stockfish_path)
+    p.add_argument("--cache", default=DEFAULT_CACHE, help="JSONL cache of analyses ('' for none)")
+    p.add_argument("--pool_path", default=POOL_PATH)
+    p.add_argument("--eval_path", default=EVAL_PATH)
+    a = p.parse_args(argv)
+    t0 = time.time()
+    need, source, rng, positions = a.pool + a.eval, iter_positions(a.seed), random.Random(a.seed), []
+    with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, "", multipv=1) as screen:
+        while len(positions) < need:
+            batch = list(itertools.islice(source, min(1000, 2 * (need - len(positions)))))
+            quick = screen.annotate([fen for fen, _, _ in batch])
+            kept = [p for p in batch if abs(quick[p[0]][1][0]) <= a.max_eval or rng.random() < 0.25]
+            positions += kept[:need - len(positions)]
+    # the positions are distinct, so the eval set and the pool are disjoint
+    with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
+        labels = ann.annotate([fen for fen, _, _ in positions])
+        meta = {"stockfish": ann.version(), "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool, "eval": a.eval,
+                "screen": f"depth={a.screen_depth}, |eval| > {a.max_eval} kept with p=0.25",
+                "generator": "mini.dataset.iter_positions",
+                "command": "python mini/annotate.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    write_jsonl(a.eval_path, meta, positions[:a.eval], labels)
+    write_jsonl(a.pool_path, meta, positions[a.eval:], labels)
+    print(f"wrote {a.pool} pool and {a.eval} eval positions ({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

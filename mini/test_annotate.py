@@ -1,0 +1,94 @@
+"""Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
+import json
+import os
+import signal
+
+import chess
+import chess.engine
+import pytest
+
+from mini.annotate import Annotator, find_stockfish, main
+from mini.dataset import load_jsonl, position_key
+
+try:
+    STOCKFISH = find_stockfish()
+except FileNotFoundError:
+    STOCKFISH = None
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="Stockfish binary not found (apt-get install stockfish)")
+
+FENS = [
+    chess.STARTING_FEN,
+    "2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34",
+    "8/8/R7/7p/P2K2k1/7r/8/8 w - - 0 56",
+    "8/5k2/r2p1bp1/P6p/2p5/PR4P1/3B1K1P/8 w - - 0 44",
+]
+DEPTH = 8
+
+
+def test_missing_binary_says_how_to_fix():
+    with pytest.raises(FileNotFoundError, match=r"apt-get install stockfish.*--stockfish_path"):
+        find_stockfish("/nonexistent/stockfish")
+
+
+@needs_stockfish
+def test_agrees_with_direct_engine_call(tmp_path):
+    with Annotator(depth=DEPTH, workers=2, cache_path=str(tmp_path / "cache.jsonl")) as ann:
+        got = ann.annotate(FENS)
+    engine = chess.engine.SimpleEngine.popen_uci(STOCKFISH)
+    try:
+        engine.configure({"Threads": 1})
+        for fen in FENS:
+            infos = engine.analyse(chess.Board(fen), chess.engine.Limit(depth=DEPTH), multipv=5, game=object())
+            moves = [i["pv"][0].uci() for i in infos]
+            evals = [i["score"].relative.score(mate_score=100000) / 100 for i in infos]
+            assert got[fen] == (moves, evals)
+    finally:
+        engine.quit()
+
+
+@needs_stockfish
+def test_mate_values_side_to_move(tmp_path):
+    mate_in_1 = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # Ra8#
+    mated_in_1 = "k7/8/1K6/8/8/8/8/7R b - - 0 1"      # Kb8 forced, then Rh8#
+    with Annotator(depth=DEPTH, workers=1, cache_path="") as ann:
+        got = ann.annotate([mate_in_1, mated_in_1])
+    assert got[mate_in_1][0][0] == "a1a8" and got[mate_in_1][1][0] == 999.99
+    assert got[mated_in_1] == (["a8b8"], [-999.99])
+
+
+@needs_stockfish
+def test_cache_by_fen_and_limit(tmp_path):
+    cache = str(tmp_path / "cache.jsonl")
+    with Annotator(depth=DEPTH, workers=1, cache_path=cache) as ann:
+        first = ann.annotate(FENS[:2])
+    assert len(open(cache).readlines()) == 2
+    with Annotator(depth=DEPTH, workers=1, cache_path=cache) as ann:
+        ann._analyse = None  # any engine call would fail: everything must come from the cache
+        assert ann.annotate(FENS[:2]) == first
+    assert not Annotator(depth=DEPTH + 1, workers=1, cache_path=cache).cache  # another limit, another result
+
+
+@needs_stockfish
+def test_engine_crash_is_restarted():
+    with Annotator(depth=DEPTH, workers=1, cache_path="") as ann:
+        ann.annotate(FENS[:1])
+        engine = ann.idle.queue[0]
+        os.kill(engine.transport.get_pid(), signal.SIGKILL)
+        assert ann.annotate(FENS[1:2])[FENS[1]][0]
+        assert ann.idle.queue[0] is not engine
+
+
+@needs_stockfish
+def test_build_command_writes_disjoint_files(tmp_path):
+    pool, held_out = str(tmp_path / "pool.jsonl"), str(tmp_path / "eval.jsonl")
+    main(["--pool", "8", "--eval", "4", "--depth", "4", "--workers", "2", "--cache", "",
+          "--pool_path", pool, "--eval_path", held_out])
+    p, e = load_jsonl(pool), load_jsonl(held_out)
+    assert len(p) == 8 and len(e) == 4 and not {position_key(s.fen) for s in p} & {position_key(s.fen) for s in e}
+    meta = json.loads(open(pool).readline())["meta"]
+    assert meta["limit"] == "depth=4" and meta["stockfish"].startswith("Stockfish")
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

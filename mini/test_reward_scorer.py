@@ -1,0 +1,112 @@
+"""Rewards: a line's own completion scores 1.0, alterations score lower in the expected order, nothing raises."""
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mini.dataset import parse_line, policy_sample
+from mini.reward_scorer import score, score_batch
+from mini.test_dataset import A_LINES, P_LINES
+
+LEVELS = {-0.3, 0.2, 0.4, 0.6, 0.8, 1.0}
+
+
+@pytest.mark.parametrize("line", P_LINES + A_LINES)
+def test_own_completion_scores_one(line):
+    s = parse_line(line)
+    for shaping in ("continuous", "graduated"):
+        reward, comps = score(s, s.completion, shaping)
+        assert reward == 1.0 and comps["format_valid"] == 1.0 and comps["raw"] == 1.0
+
+
+def test_policy_alterations_in_order():
+    s = parse_line(P_LINES[0])  # white to move; ranking b3b5 (label), b3b7, b3b4, b3f3, b3b1
+    ref = s.completion
+    r = lambda c: score(s, c)[0]
+    shuffled = " M: b3b1 b3b4 b3b5 b3f3 b3b7      E: -2.42 -2.11 -0.8 -2.33 -1.13            B: b3b5"
+    second = ref.replace("B: b3b5", "B: b3b7")
+    legal_only = ref.replace("B: b3b5", "B: d2e3")       # legal, not in the top 5
+    illegal_best = ref.replace("B: b3b5", "B: b3a3")     # onto its own pawn
+    illegal_cand = ref.replace("b3b1", "b3a3")          # one illegal candidate, its eval kept
+    wrong_evals = " M: b3b7 b3b5 b3f3 b3b4 b3b1 E: -0.13 0.2 -1.33 -1.11 -1.42 B: b3b5"
+    format_only = " M: a1a1 E: 0.0 B: a1a1"
+    assert r(shuffled) == r(ref) == 1.0
+    assert 1.0 > r(illegal_cand) > r(second) > r(legal_only) > r(illegal_best) > r(format_only) == 0.2
+    assert 1.0 > r(wrong_evals) > r(second)
+    assert score(s, second)[1]["best"] == 0.5 and score(s, illegal_cand)[1]["candidates"] == pytest.approx(0.7)
+    for cut in (10, 40, len(ref) - 6):  # truncated text does not parse
+        assert r(ref[:cut]) == -0.3
+    assert r(ref + " B: b3b5") == -0.3 and r(ref.replace("E:", "E: 1.0")) == -0.3  # two bests, 6 evals
+
+
+def test_black_label_bug_and_stockfish_truth():
+    """Against its own labels a line's B: is best (for Black the generator's weakest move); against
+    Stockfish's ranking (as in the shipped data) PV1 gets full credit."""
+    line = parse_line(P_LINES[1])
+    pv1 = line.completion.replace("B: h7f6", "B: h7f8")
+    assert score(line, pv1)[0] < 1.0 and score(line, pv1)[1]["best"] == 0.5
+    ranked = sorted(zip(line.moves, line.evals), key=lambda p: -p[1])
+    truth = policy_sample(line.fen, [m for m, _ in ranked], [e for _, e in ranked])
+    assert truth.best == "h7f8" and score(truth, pv1)[0] == 1.0 and score(truth, line.completion)[0] < 1.0
+
+
+def test_mates_are_clipped():
+    s = policy_sample("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", ["a1a8", "g1f2"], [999.99, 0.5])
+    near = score(s, " M: a1a8 g1f2 E: 999.97 0.5 B: a1a8")[1]["evals"]   # mate in 3 said for mate in 1
+    wrong = score(s, " M: a1a8 g1f2 E: 3.0 0.5 B: a1a8")[1]["evals"]      # mate missed
+    assert near == 1.0 and 0.5 < wrong < 1.0  # an error of ~997 pawns would have zeroed it
+
+
+def test_env_alterations_in_order():
+    s = parse_line(A_LINES[0])
+    ref = s.completion
+    r = lambda c: score(s, c)[0]
+    fen, rest = ref.split("+", 1)
+    wrong_flag = ref[:-3] + "1+0"
+    wrong_trunc = ref[:-1] + "1"
+    wrong_reward = ref.replace("+0.001+", "+0.5+")
+    off_by_one = ref.replace(" 0 18+", " 1 18+")
+    other_fen = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+" + rest
+    assert r(ref) == 1.0
+    assert 1.0 > r(wrong_flag) == r(wrong_trunc) > r(wrong_reward) > r(off_by_one) > r(other_fen) > 0.2
+    for bad in (ref[:30], ref[:-2], fen + "+0.001+0", "x" + ref, ref.replace("+0+0", "+0+2"), ref.replace("0.001", "inf")):
+        assert r(bad) == -0.3
+    assert score(s, off_by_one)[1]["fen_similarity"] > 0.95
+
+
+def test_graduated_levels_and_components():
+    p, a = parse_line(P_LINES[0]), parse_line(A_LINES[0])
+    for s, c in [(p, p.completion.replace("B: b3b5", "B: b3b7")), (p, " M: a1a1 E: 0 B: a1a1"), (p, "junk"),
+                 (a, a.completion.replace(" 0 18+", " 1 18+")), (a, "junk")]:
+        reward, comps = score(s, c, "graduated")
+        assert reward in LEVELS and score(s, c)[0] >= reward  # quantising only rounds down
+        assert comps.keys() == score(s, s.completion)[1].keys()
+    assert score(p, p.completion.replace("B: b3b5", "B: b3b7"), "graduated")[0] == 0.8
+
+
+def test_score_batch_in_a_process_pool():
+    samples = [parse_line(x) for x in P_LINES + A_LINES] * 4
+    completions = [s.completion if i % 2 else s.completion[:-3] for i, s in enumerate(samples)]
+    with ProcessPoolExecutor(2) as pool:
+        chunks = list(pool.map(score_batch, [samples[:10], samples[10:]], [completions[:10], completions[10:]]))
+    assert chunks[0] + chunks[1] == score_batch(samples, completions)
+
+
+FEN = "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18"
+PIECES = ["M:", "E:", "B:", "+", " ", "  ", "b3b5", "b3b7", "a1a1", "e7e8q", "0.5", "-2.42", "999.97", "nan", "-1e999",
+          "1_0", "0", "1", FEN, "8/8/8", "\n", "é", "<|endoftext|>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(PIECES), max_size=20).map("".join)),
+       st.sampled_from(["continuous", "graduated"]))
+def test_any_string_scores_in_range(text, shaping):
+    for s in (parse_line(P_LINES[0]), parse_line(A_LINES[0])):
+        reward, comps = score(s, text, shaping)
+        assert -0.3 <= reward <= 1.0
+        assert all(0.0 <= v <= 1.0 for v in comps.values())
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
