@@ -85,6 +85,13 @@ class Config:
     recovery_mode: bool = opt(False, "start from this run's recovery checkpoint")
     kl_threshold: float = opt(0.0, "stop the run cleanly when |KL| exceeds this (0: off)")
 
+    # supervised warm start (mini/sft.py): --model_path scratch makes a new model of this shape
+    n_layer: int = opt(4, "layers of a model made from scratch")
+    n_head: int = opt(4, "attention heads of a model made from scratch")
+    n_embd: int = opt(256, "width of a model made from scratch")
+    n_positions: int = opt(256, "context length of a model made from scratch (a P: line is ~150 tokens)")
+    time_limit_min: float = opt(0.0, "stop after this many minutes of training (0: only --steps counts)")
+
 
 def parse_args(argv=None):
     """Flags from the fields of Config; booleans get --name and --no_name."""
