@@ -415,8 +415,12 @@ class Trainer:
         self.log(f"Run {self.run_name}: {self.model.num_params() / 1e6:.1f}M params on {self.device}, "
                  f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}")
         handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        deadline = time.time() + 60 * self.cfg.time_limit_min if self.cfg.time_limit_min > 0 else math.inf
         try:
             while self.step < self.cfg.steps:
+                if time.time() > deadline:
+                    self.log(f"Time limit of {self.cfg.time_limit_min} min reached at step {self.step}")
+                    break
                 self.train_step()
                 if self.stop_signal:
                     self.save_regular()
