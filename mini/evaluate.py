@@ -1,57 +1,199 @@
 """
-Held-out evaluation: greedy, batched completions of the shipped eval positions, scored by the reward.
+Held-out evaluation: greedy, batched completions scored with the RookWorld metric definitions
+(shared FORMATS.md) and the training reward. train.py calls evaluate() every eval_every steps.
 
-    python mini/evaluate.py --model_path logs/run/final --eval_n 200
+    python mini/evaluate.py --model_path logs/run/final                    # shipped eval set, Config().eval_n per task
+    python mini/evaluate.py --model_path logs/run/final --n 500 --out logs/run/eval-500.json
+    python mini/evaluate.py --model_path logs/run/final --data rookworld_val.txt --n 500   # P: and A: text lines
+    python mini/test_evaluate.py
+
+Data: the shipped eval set (or any annotated .jsonl) gives the first n positions as P: prompts and n
+A: transitions on them (held_out_samples); a RookWorld text file gives its first n P: and n A: lines.
+Writes the table to stdout and JSON (metrics, counts, completions) to --out, default eval.json in the model
+directory. Every metric is a mean over the samples of its task (eval_<task>_<name>, or _white/_black for
+one side to move); invalid completions count as wrong (0) in every accuracy and are left out of the MAEs.
+A metric with nothing to average (an MAE when nothing is valid) is left out of the dict.
+
+P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <one move>" does not parse,
+    the reward's format tier)
+  invalid           share of invalid completions (eval_format_valid_P is 1 minus it)
+  best_legal        B: is a legal move
+  best_acc_label    B: equals the sample's label (shipped data: Stockfish PV1; text line: its B:)
+  best_acc_pv1      B: equals Stockfish's PV1, over the samples where PV1 is known: the labelled move with
+                    the highest eval, a tie at the top going to the label when the label is in it (the shipped
+                    data, where label = PV1, always) and leaving PV1 unknown otherwise. For a text line's
+                    Black positions it differs from the label (the generator's bug, FORMATS.md)
+  top5_acc          |set(M: generated) & set(M: label)| / |set(M: label)|, 5 unless the position has fewer
+                    legal moves (then the label itself scores 1, the published definition divides by 5)
+  top5_legal        share of a completion's distinct M: moves that are legal
+  eval_mae          mean |E: generated - E: label| in pawns over moves in both M: lists (pooled over moves,
+                    matched by move), evals clipped to +-10 pawns so that a mate (+-999.x) cannot swamp it
+A: (invalid unless four "+" fields, a FEN python-chess accepts, a number, two 0/1 flags)
+  invalid, next_state_exact, levenshtein (1 - normalized Levenshtein distance of the next FEN),
+  reward_exact, terminated_acc, truncated_acc, and reward_mae over valid completions with the generated
+  reward clipped to [-1, 1], the labels' range, so one absurd number cannot swamp it
+Both: eval_reward_<task> and eval_reward, the mean training reward (reward_scorer.score, -0.3 when invalid).
 """
+import argparse
+import contextlib
+import json
+import os
 import random
+import sys
+import time
+from collections import defaultdict
 
 import torch
+from huggingface_hub.utils import tqdm
 
-from mini.dataset import EVAL_PATH, load_jsonl, random_env_sample
+from mini.config import Config
+from mini.dataset import EVAL_PATH, legal_ucis, load_jsonl, load_text, parse_env, parse_policy, random_env_sample
 from mini.model import generate
-from mini.reward_scorer import score_batch
+from mini.reward_scorer import EVAL_CLIP, score_batch
+
+BATCH_SIZE = 64
 
 
-def held_out_samples(n_per_task, seed=1234):
+def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH):
     """The first n P: positions of the eval set, and n A: transitions on the same positions (fixed seed)."""
-    policy = load_jsonl(EVAL_PATH)[:n_per_task]
+    policy = load_jsonl(path)[:n_per_task]
     rng = random.Random(seed)
     env = [random_env_sample(s.fen, s.history, rng) for s in policy]
     return policy + env
 
 
+def load_eval_set(path, n_per_task):
+    """Shipped eval set when path is empty, held_out_samples of a .jsonl, else the first n P: and A: lines."""
+    if not path or path.endswith(".jsonl"):
+        return held_out_samples(n_per_task, path=path or EVAL_PATH)
+    samples = load_text(path)[0]
+    samples = [s for s in samples if s.task == "P"][:n_per_task] + [s for s in samples if s.task == "A"][:n_per_task]
+    if not samples:
+        raise ValueError(f"{path} holds no valid RookWorld P: or A: line")
+    return samples
+
+
+def pv1_of(s):
+    """Stockfish's PV1 among the labelled moves, or None when a tie at the top hides it (see docstring)."""
+    top = [m for m, e in zip(s.moves, s.evals) if e == max(s.evals)]
+    return s.best if s.best in top else top[0] if len(top) == 1 else None
+
+
+def clip(x, bound):
+    return max(-bound, min(bound, x))
+
+
+def policy_values(s, completion):
+    """(name, value) pairs of one P: completion."""
+    try:
+        moves, evals, best = parse_policy(completion)
+    except ValueError:  # invalid: wrong on every accuracy, nothing for the MAE
+        moves, evals, best = [], [], None
+    legal, label, pv1 = legal_ucis(s.fen), dict(zip(s.moves, s.evals)), pv1_of(s)
+    named = dict(zip(moves, evals))  # a repeated move counts once (its last eval), as in the reward
+    matched = [m for m in named if m in label]  # list, not set: a fixed order keeps the float sums reproducible
+    out = [("best_legal", best in legal), ("top5_acc", len(matched) / len(label)),
+           ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
+    for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
+        out.append(("best_acc_label" + suffix, best == s.best))
+        if pv1:
+            out.append(("best_acc_pv1" + suffix, best == pv1))
+    return out + [("eval_mae", abs(clip(named[m], EVAL_CLIP) - clip(label[m], EVAL_CLIP))) for m in matched]
+
+
+def env_values(s, completion, comps):
+    """(name, value) pairs of one A: completion; the reward's components are the accuracies (0 when invalid)."""
+    out = [("next_state_exact", comps["fen_exact"]), ("levenshtein", comps["fen_similarity"]),
+           ("reward_exact", comps["reward_exact"]), ("terminated_acc", comps["terminated_exact"]),
+           ("truncated_acc", comps["truncated_exact"])]
+    if comps["format_valid"]:
+        out.append(("reward_mae", abs(clip(parse_env(completion)[1], 1.0) - s.reward)))
+    return out
+
+
+def per_sample_values(samples, completions, shaping="continuous"):
+    """{metric name: values}, one value per sample the metric applies to (per matched move for eval_P_eval_mae)."""
+    vals = defaultdict(list)
+    for s, c, (reward, comps) in zip(samples, completions, score_batch(samples, completions, shaping), strict=True):
+        t = s.task
+        valid = comps["format_valid"]
+        pairs = [("eval_reward", reward), (f"eval_reward_{t}", reward), (f"eval_format_valid_{t}", valid),
+                 (f"eval_{t}_invalid", 1.0 - valid)]
+        pairs += [(f"eval_{t}_{k}", v) for k, v in (policy_values(s, c) if t == "P" else env_values(s, c, comps))]
+        for name, v in pairs:
+            vals[name].append(float(v))
+    return dict(sorted(vals.items()))
+
+
+def metrics_from_completions(samples, completions, shaping="continuous"):
+    return {k: sum(v) / len(v) for k, v in per_sample_values(samples, completions, shaping).items()}
+
+
 @torch.no_grad()
-def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=64, autocast=None, shaping="continuous"):
-    """Mean reward and format validity per task ("P", "A"), from greedy completions."""
+def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False):
+    """Greedy completions (text after the prompt, without EOS), in batches."""
     was_training = model.training
     model.eval()
     completions = []
-    for i in range(0, len(samples), batch_size):
-        chunk = samples[i:i + batch_size]
-        with autocast or torch.autocast("cpu", enabled=False):
-            out = generate(model, [tokenizer.encode(s.prompt) for s in chunk], max_new_tokens, temperature=0,
-                           eos_id=tokenizer.eos_token_id)
-        completions += [tokenizer.decode(ids) for ids, _ in out]
-    model.train(was_training)
-    scored = score_batch(samples, completions, shaping)
-    metrics = {}
-    for task in ("P", "A"):
-        rows = [(r, c) for s, (r, c) in zip(samples, scored) if s.task == task]
-        if rows:
-            metrics[f"eval_reward_{task}"] = sum(r for r, _ in rows) / len(rows)
-            metrics[f"eval_format_valid_{task}"] = sum(c["format_valid"] for _, c in rows) / len(rows)
-    metrics["eval_reward"] = sum(r for r, _ in scored) / len(scored)
-    return metrics, completions
+    try:
+        for i in tqdm(range(0, len(samples), batch_size), desc="eval", unit="batch",
+                      disable=not progress or len(samples) <= batch_size):
+            chunk = samples[i:i + batch_size]
+            with autocast or contextlib.nullcontext():
+                out = generate(model, [tokenizer.encode(s.prompt) for s in chunk], max_new_tokens, temperature=0,
+                               eos_id=tokenizer.eos_token_id)
+            completions += [tokenizer.decode(ids) for ids, _ in out]
+    finally:
+        model.train(was_training)
+    return completions
 
 
-def main():
-    from mini.config import parse_args
-    from mini.loader import load_model
-    cfg = parse_args()
-    model, tok = load_model(cfg.model_path, "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
-    metrics, _ = evaluate(model, tok, held_out_samples(cfg.eval_n), cfg.max_new_tokens)
+def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None,
+             shaping="continuous", progress=False):
+    """(metrics, completions): the RookWorld metrics and mean rewards of greedy completions."""
+    completions = complete(model, tokenizer, samples, max_new_tokens, batch_size, autocast, progress)
+    return metrics_from_completions(samples, completions, shaping), completions
+
+
+def main(argv=None):
+    from mini.loader import LoadError, load_model
+    cfg = Config()
+    p = argparse.ArgumentParser(description="Greedy evaluation of a RookWorld snapshot on held-out P: and A: prompts.")
+    p.add_argument("--model_path", required=True, help="snapshot directory or hub id")
+    p.add_argument("--data", default="", help="RookWorld text file or annotated .jsonl (default: the shipped eval set)")
+    p.add_argument("--n", type=int, default=cfg.eval_n, help="prompts per task")
+    p.add_argument("--out", default="", help="JSON report (default: eval.json in the model directory)")
+    p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
+    p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
+    p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
+    p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"])
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device.startswith("cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.bf16 else None
+    try:  # a bad path, file or length ends with its one-sentence message
+        samples = load_eval_set(args.data, args.n)
+        model, tok = load_model(args.model_path, "cuda" if cuda else "cpu")
+        t0 = time.perf_counter()
+        completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast, progress=True)
+    except (LoadError, OSError, ValueError) as e:
+        sys.exit(f"evaluate.py: {e}")
+    seconds = time.perf_counter() - t0
+    values = per_sample_values(samples, completions, args.shaping)
+    metrics = {k: sum(v) / len(v) for k, v in values.items()}
+    print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():
-        print(f"{k:24s} {v:.4f}")
+        print(f"{k:28s} {v:9.4f} {len(values[k]):6d}")
+    print(f"{len(samples)} prompts in {seconds:.1f}s")
+    out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
+    report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n,
+              "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
+              "metrics": metrics, "counts": {k: len(v) for k, v in values.items()},
+              "samples": [{"task": s.task, "prompt": s.prompt, "completion": c, "label": s.completion}
+                          for s, c in zip(samples, completions)]}
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

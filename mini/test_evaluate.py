@@ -1,0 +1,159 @@
+"""Evaluation harness: labels score 100%, a random model ~100% invalid, hand-computed metrics, the CLI.
+
+    python mini/test_evaluate.py
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mini.evaluate as ev
+from mini.dataset import parse_line
+from mini.loader import save_model
+from mini.model import GPT, GPTConfig
+from mini.reward_scorer import score
+from mini.test_dataset import A_LINES, P_LINES
+from mini.tokenizer import Tokenizer
+
+TOK = Tokenizer.gpt2()
+SCRIPT = os.path.join(os.path.dirname(ev.__file__), "evaluate.py")
+
+
+def assert_perfect(metrics, skip=()):
+    for k, v in metrics.items():
+        if k not in skip:
+            assert v == (0.0 if k.endswith(("_invalid", "_mae")) else 1.0), k
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    return ev.held_out_samples(6)
+
+
+def test_labels_score_full_marks(held_out, monkeypatch):
+    """Completions that are the labels: 100% on every accuracy, 0% invalid, through the whole path (batches
+    of 5 over 12 prompts, tokenize, decode) with generate replaced by a stub that answers the label."""
+    by_prompt = {s.prompt: s.completion for s in held_out}
+    stub = lambda model, prompts, max_new_tokens, **kw: [(TOK.encode(by_prompt[TOK.decode(p)]), None) for p in prompts]
+    monkeypatch.setattr(ev, "generate", stub)
+    model = torch.nn.Linear(1, 1).train()
+    metrics, completions = ev.evaluate(model, TOK, held_out, batch_size=5)
+    assert completions == [s.completion for s in held_out] and model.training  # train mode restored
+    names = {f"eval_P_{k}" for k in ("invalid", "best_legal", "top5_acc", "top5_legal", "eval_mae")}
+    names |= {f"eval_P_best_acc_{w}{side}" for w in ("label", "pv1") for side in ("", "_white", "_black")}
+    names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
+                                      "terminated_acc", "truncated_acc")}
+    names |= {"eval_reward", "eval_reward_P", "eval_reward_A", "eval_format_valid_P", "eval_format_valid_A"}
+    assert set(metrics) == names
+    assert_perfect(metrics)
+
+
+def test_text_lines_label_versus_pv1():
+    """On RookWorld text lines the label is the B: move; for Black that is the generator's weakest move, so
+    the label scores 100% against itself and 0% against PV1 there (the bug this metric exposes)."""
+    samples = [parse_line(line) for line in P_LINES + A_LINES]
+    values = ev.per_sample_values(samples, [s.completion for s in samples])
+    metrics = {k: sum(v) / len(v) for k, v in values.items()}
+    assert_perfect(metrics, skip={"eval_P_best_acc_pv1", "eval_P_best_acc_pv1_black"})
+    assert metrics["eval_P_best_acc_pv1_black"] == 0.0 and metrics["eval_P_best_acc_pv1"] == pytest.approx(2 / 3)
+    assert [ev.pv1_of(s) for s in samples[:3]] == ["b3b5", "h7f8", "d4c5"]  # the all-0.0 tie goes to the label
+    tied = parse_line(P_LINES[1].replace("-3.06", "-2.3"))  # a4a3 and h7f8 tie at the top, the label is not there
+    assert ev.pv1_of(tied) is None
+    assert len(ev.per_sample_values([tied], [tied.completion])["eval_P_best_acc_label"]) == 1
+    assert "eval_P_best_acc_pv1" not in ev.per_sample_values([tied], [tied.completion])
+
+
+def test_random_model_is_invalid(held_out):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, n_positions=256))
+    samples = held_out[:3] + held_out[6:9]
+    metrics, completions = ev.evaluate(model, TOK, samples, max_new_tokens=12, batch_size=4)
+    assert len(completions) == 6 and any(completions)
+    assert metrics["eval_P_invalid"] == metrics["eval_A_invalid"] == 1.0
+    assert metrics["eval_reward"] == pytest.approx(-0.3)
+    assert "eval_P_eval_mae" not in metrics and "eval_A_reward_mae" not in metrics  # MAEs: valid ones only
+    for k in ("eval_P_best_acc_label", "eval_P_top5_acc", "eval_A_next_state_exact", "eval_A_levenshtein"):
+        assert metrics[k] == 0.0
+
+
+def test_hand_computed():
+    white, black, env = parse_line(P_LINES[0]), parse_line(P_LINES[1]), parse_line(A_LINES[0])
+    # white: label b3b5 = PV1 (-0.8); M: b3b7 -1.13, b3b5 -0.8, b3f3 -2.33, b3b4 -2.11, b3b1 -2.42
+    # black: label h7f6 (-3.21), PV1 h7f8 (-2.3); a4a3 -3.06
+    fen = env.next_fen
+    off_by_one = fen[:-1] + "9"  # fullmove 18 -> 19: still a FEN, one character off
+    samples = [white, black, white, black, env, env, env, env]
+    completions = [
+        " M: b3b5 b3b7 d2e3 E: -0.5 -1.13 0.0 B: b3b5",  # right best; 2 of 5, 3 of 3 legal; errors 0.3, 0
+        " M: h7f8 a4a3 E: -2.3 -9.0 B: h7f8",            # PV1, not the label; 2 of 5; errors 0, 5.94
+        " M: b3a3 b3b1 E: 1.0 999.97 B: b3a3",           # illegal best; 1 of 5, 1 of 2 legal; mate clipped: 12.42
+        " M: h7f8 B:",                                   # garbage
+        env.completion,                                  # exact
+        f"{fen}+0.001+1+0",                              # wrong terminated flag
+        f"{off_by_one}+0.5+0+0",                         # FEN off by one character, wrong reward (error 0.499)
+        "r1bk3r/2p2ppp+0.001",                           # garbage
+    ]
+    values = ev.per_sample_values(samples, completions)
+    m = {k: sum(v) / len(v) for k, v in values.items()}
+    sim = 1 - 1 / len(fen)
+    expected = {
+        "eval_P_invalid": 0.25, "eval_format_valid_P": 0.75, "eval_P_best_legal": 0.5,
+        "eval_P_best_acc_label": 0.25, "eval_P_best_acc_label_white": 0.5, "eval_P_best_acc_label_black": 0.0,
+        "eval_P_best_acc_pv1": 0.5, "eval_P_best_acc_pv1_white": 0.5, "eval_P_best_acc_pv1_black": 0.5,
+        "eval_P_top5_acc": (0.4 + 0.4 + 0.2 + 0) / 4, "eval_P_top5_legal": (1 + 1 + 0.5 + 0) / 4,
+        "eval_P_eval_mae": (0.3 + 0 + 0 + 5.94 + 12.42) / 5,
+        "eval_A_invalid": 0.25, "eval_format_valid_A": 0.75, "eval_A_next_state_exact": 0.5,
+        "eval_A_levenshtein": (1 + 1 + sim + 0) / 4, "eval_A_reward_exact": 0.5, "eval_A_reward_mae": 0.499 / 3,
+        "eval_A_terminated_acc": 0.5, "eval_A_truncated_acc": 0.75,
+        # A: rewards by hand from the weights 4/2/2/1/1 (reward_scorer docstring): 0.2 + 0.8 * raw
+        "eval_reward_A": (1.0 + (0.2 + 0.8 * 0.9) + (0.2 + 0.8 * (2 * sim + 2) / 10) - 0.3) / 4,
+        "eval_reward_P": sum(score(s, c)[0] for s, c in zip(samples[:4], completions[:4])) / 4,
+    }
+    for k, v in expected.items():
+        assert m[k] == pytest.approx(v), k
+    counts = {"eval_P_eval_mae": 5, "eval_A_reward_mae": 3, "eval_P_best_acc_pv1_black": 2, "eval_reward": 8}
+    assert {k: len(values[k]) for k in counts} == counts
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, n_positions=256))
+    return save_model(model, TOK, str(tmp_path_factory.mktemp("snap") / "model"))
+
+
+def test_cli_end_to_end(snapshot):
+    run = subprocess.run([sys.executable, SCRIPT, "--model_path", snapshot, "--n", "2", "--max_new_tokens", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    with open(os.path.join(snapshot, "eval.json")) as f:
+        report = json.load(f)
+    assert report["counts"]["eval_P_invalid"] == report["counts"]["eval_A_invalid"] == 2
+    assert report["metrics"]["eval_P_invalid"] == 1.0 and len(report["samples"]) == 4
+    assert "eval_A_next_state_exact" in run.stdout and "count" in run.stdout
+
+
+def test_cli_text_file(snapshot, tmp_path, capsys):
+    data, out = tmp_path / "lines.txt", tmp_path / "sub" / "report.json"
+    data.write_text("\n".join(P_LINES + A_LINES) + "\n")
+    ev.main(["--model_path", snapshot, "--data", str(data), "--n", "2", "--max_new_tokens", "4", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["counts"]["eval_P_invalid"] == 2 and report["counts"]["eval_A_invalid"] == 2
+    assert [s["prompt"] for s in report["samples"]] == [parse_line(x).prompt for x in P_LINES[:2] + A_LINES[:2]]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_bad_paths(snapshot, tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    run = subprocess.run([sys.executable, SCRIPT, "--model_path", missing], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and missing in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    with pytest.raises(SystemExit, match="no_such_file"):
+        ev.main(["--model_path", snapshot, "--data", str(tmp_path / "no_such_file.txt")])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
