@@ -35,6 +35,7 @@ class Config:
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)")
     stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions")
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
+    score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)")
 
     # GRPO objective
     steps: int = opt(100, "optimizer steps (one rollout batch each)")
@@ -73,6 +74,8 @@ class Config:
     bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)")
     compile: bool = opt(False, "torch.compile the model on CUDA")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
+    auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")
+    memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device")
 
     # evaluation, logging, checkpoints
     eval_every: int = opt(50, "held-out evaluation every so many steps (0: off)")

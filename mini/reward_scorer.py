@@ -109,3 +109,30 @@ def score(sample, completion, shaping="continuous"):
 def score_batch(samples, completions, shaping="continuous"):
     """score() over pairs; a plain top-level function so that a process pool can run chunks of it."""
     return [score(s, c, shaping) for s, c in zip(samples, completions)]
+
+
+class ScoringPool:
+    """Scores a rollout in worker processes while the caller goes on (the GPU computes reference
+    log-probs meanwhile); with workers = 0 it scores in this process. submit() returns a function
+    that waits for the (reward, components) list, in order."""
+
+    def __init__(self, workers, shaping="continuous"):
+        self.shaping, self.workers = shaping, workers
+        self.pool = None
+        if workers > 0:  # spawn: forking a process that holds CUDA state is unsafe
+            from concurrent.futures import ProcessPoolExecutor
+            from multiprocessing import get_context
+            self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+
+    def submit(self, samples, completions):
+        if self.pool is None:
+            result = score_batch(samples, completions, self.shaping)
+            return lambda: result
+        n = -(-len(samples) // self.workers)  # one chunk per worker
+        futures = [self.pool.submit(score_batch, samples[i:i + n], completions[i:i + n], self.shaping)
+                   for i in range(0, len(samples), n)]
+        return lambda: [x for f in futures for x in f.result()]
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)

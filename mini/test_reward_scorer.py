@@ -1,11 +1,9 @@
 """Rewards: a line's own completion scores 1.0, alterations score lower in the expected order, nothing raises."""
-from concurrent.futures import ProcessPoolExecutor
-
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from mini.dataset import parse_line, policy_sample
-from mini.reward_scorer import score, score_batch
+from mini.reward_scorer import ScoringPool, score, score_batch
 from mini.test_dataset import A_LINES, P_LINES
 
 LEVELS = {-0.3, 0.2, 0.4, 0.6, 0.8, 1.0}
@@ -84,12 +82,15 @@ def test_graduated_levels_and_components():
     assert score(p, p.completion.replace("B: b3b5", "B: b3b7"), "graduated")[0] == 0.8
 
 
-def test_score_batch_in_a_process_pool():
+@pytest.mark.parametrize("workers", [0, 3])
+def test_scoring_pool_equals_score_batch(workers):
     samples = [parse_line(x) for x in P_LINES + A_LINES] * 4
     completions = [s.completion if i % 2 else s.completion[:-3] for i, s in enumerate(samples)]
-    with ProcessPoolExecutor(2) as pool:
-        chunks = list(pool.map(score_batch, [samples[:10], samples[10:]], [completions[:10], completions[10:]]))
-    assert chunks[0] + chunks[1] == score_batch(samples, completions)
+    pool = ScoringPool(workers, "graduated")
+    try:
+        assert pool.submit(samples, completions)() == score_batch(samples, completions, "graduated")
+    finally:
+        pool.close()
 
 
 FEN = "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18"

@@ -129,6 +129,13 @@ def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
+def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
+    assert train.main(args(tiny, tmp_path, "inline", 2)) == 0
+    assert train.main(args(tiny, tmp_path, "pool", 2, "--score_workers", "2")) == 0
+    a = without_timing(read_jsonl(tmp_path / "inline" / "metrics.jsonl"))
+    assert a == without_timing(read_jsonl(tmp_path / "pool" / "metrics.jsonl"))
+
+
 def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12")) == 1
     assert "exceeds --kl_threshold" in capsys.readouterr().err
@@ -165,6 +172,16 @@ def test_optimizer_groups():
     assert sorted(names[id(p)] for p in decay["params"]) == sorted(
         n for n, p in model.named_parameters() if n.endswith("weight") and "ln" not in n and "wte" not in n and "wpe" not in n)
     assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
+
+
+def test_find_batch_size_with_a_fake_memory_probe():
+    peak = lambda b: 1000 + 300 * b  # bytes of a step at batch size b; capacity 10,000 at 85%: b <= 25
+    best, measured = train.find_batch_size(peak, 2, 10_000, 0.85)
+    assert best == 16 and [b for b, _ in measured] == [2, 4, 8, 16, 32]
+    oom = lambda b: None if b >= 8 else 10 * b
+    assert train.find_batch_size(oom, 2, 10_000, 0.85) == (4, [(2, 20), (4, 40), (8, None)])
+    assert train.find_batch_size(peak, 64, 10_000, 0.85)[0] is None  # even the start does not fit
+    assert train.find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8)[0] == 8
 
 
 def test_damaged_checkpoint_is_refused(tmp_path):

@@ -30,7 +30,7 @@ from mini.config import Config, parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
-from mini.reward_scorer import score_batch
+from mini.reward_scorer import ScoringPool
 
 MAX_RECOVERIES = 3
 
@@ -151,6 +151,7 @@ class Trainer:
             raise StopRun(f"error: {e}") from None
         self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 else []
+        self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping)
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
         self.stop_signal = None
 
@@ -275,20 +276,13 @@ class Trainer:
             h = hidden(ids, mask)[:, Tp - 1:-1]  # (n, Tc, C): position t predicts token t + 1
             return model.lm_head(h), h
 
-    def update(self, rows, prompts, completions, rewards):
+    def prepare(self, prompts, completions):
+        """Tensors of the rollout and its per-rollout constants: reference log-probs (k3), old log-probs
+        (several epochs or GAE) and values (GAE). Needs no reward, so it runs while the scorer works."""
         cfg = self.cfg
         ids, mask, Tp = self.batch_tensors(prompts, completions)
-        comp_ids, comp_mask = ids[:, Tp:], mask[:, Tp:]
-        N = ids.shape[0]
-        mb = cfg.micro_batch_size or N
-        tasks = [s.task for s in rows]
-        baseline = self.baseline(rewards, tasks, cfg.k_samples)
-        adv, adv_stats = grpo.group_advantages(rewards, cfg.k_samples, cfg.scale_rewards, baseline)
-        adv = adv.to(self.device)
-        norm = grpo.normalisers(comp_mask)
-        kl_coef = grpo.kl_coef_at(self.step, self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef, cfg.kl_warmup_steps)
-
-        # per-rollout constants: reference log-probs (k3), old log-probs (several epochs), values (GAE)
+        N, mb = ids.shape[0], cfg.micro_batch_size or ids.shape[0]
+        comp_ids = ids[:, Tp:]
         ref_logp, old_logp, old_values = [], [], []
         with torch.no_grad():
             for i in range(0, N, mb):
@@ -301,9 +295,24 @@ class Trainer:
                     old_logp.append(grpo.token_logprobs(logits, comp_ids[sl], cfg.temperature))
                     if cfg.use_gae:
                         old_values.append(self.value_head(h))
+        return dict(ids=ids, mask=mask, Tp=Tp, ref_logp=ref_logp, old_logp=old_logp,
+                    old_values=torch.cat(old_values) if old_values else None)
+
+    def update(self, batch, tasks, rewards, apply=True):
+        """Advantages from the rewards, then num_iterations optimizer updates over the rollout
+        (apply=False: forward and backward only, as a memory probe)."""
+        cfg = self.cfg
+        ids, mask, Tp, ref_logp, old_logp, old_values = (batch[k] for k in
+                                                         ("ids", "mask", "Tp", "ref_logp", "old_logp", "old_values"))
+        comp_ids, comp_mask = ids[:, Tp:], mask[:, Tp:]
+        N, mb = ids.shape[0], cfg.micro_batch_size or ids.shape[0]
+        baseline = self.baseline(rewards, tasks, cfg.k_samples)
+        adv, adv_stats = grpo.group_advantages(rewards, cfg.k_samples, cfg.scale_rewards, baseline)
+        adv = adv.to(self.device)
+        norm = grpo.normalisers(comp_mask)
+        kl_coef = grpo.kl_coef_at(self.step, self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef, cfg.kl_warmup_steps)
         returns = None
         if cfg.use_gae:
-            old_values = torch.cat(old_values)
             adv, returns = grpo.gae(rewards.to(self.device), old_values, comp_mask, cfg.gamma, cfg.gae_lambda)
 
         lr = cfg.lr * lr_factor(self.step, cfg) * self.lr_scale
@@ -336,10 +345,48 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             if not (math.isfinite(totals["loss"]) and torch.isfinite(grad_norm)):
                 return None  # nothing reaches the weights; the caller rolls back
-            self.optimizer.step()
+            if apply:
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         totals.update(grad_norm=grad_norm.item(), kl_coef=kl_coef, lr=lr, **adv_stats)
         return totals
+
+    def probe_peak_memory(self, batch_size):
+        """Peak CUDA bytes of one full step at this batch size without changing any state (None: OOM)."""
+        saved = (rng_state(), self.sampler.rng.getstate(), dict(self.buffer.items), self.baseline.state_dict())
+        self.cfg.batch_size = batch_size
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            rows, prompts, completions = self.rollout()
+            rewards = torch.rand(len(rows))  # any rewards with variance: the update's memory is the same
+            self.update(self.prepare(prompts, completions), [s.task for s in rows], rewards, apply=False)
+            peak = torch.cuda.max_memory_allocated()
+        except torch.cuda.OutOfMemoryError:
+            peak = None
+        self.optimizer.zero_grad(set_to_none=True)
+        set_rng_state(saved[0])
+        self.sampler.rng.setstate(saved[1])
+        self.buffer.items = saved[2]
+        self.baseline.load_state_dict(saved[3])
+        return peak
+
+    def choose_batch_size(self):
+        if not self.cuda:
+            self.log("--auto_batch_size measures CUDA memory; on CPU the batch size stays "
+                     f"{self.cfg.batch_size}")
+            return
+        capacity = torch.cuda.get_device_properties(self.device).total_memory
+        start = self.cfg.batch_size
+        best, measured = find_batch_size(self.probe_peak_memory, start, capacity, self.cfg.memory_fraction)
+        for b, peak in measured:
+            self.log(f"auto_batch_size: {b} prompts x {self.cfg.k_samples} -> "
+                     + ("out of memory" if peak is None else f"peak {peak / 2**30:.1f} GiB of {capacity / 2**30:.1f}"))
+        if best is None:
+            raise StopRun(f"--auto_batch_size: even {start} prompts x {self.cfg.k_samples} exceed "
+                          f"{self.cfg.memory_fraction:.0%} of the GPU; lower --batch_size or --k_samples")
+        self.cfg.batch_size = best
+        self.log(f"auto_batch_size: using --batch_size {best}")
 
     def recover(self, reason):
         """Roll back to the recovery checkpoint with the LR halved; keep the bad state for debugging."""
@@ -364,10 +411,16 @@ class Trainer:
         rows, prompts, completions = self.rollout()
         t_gen = time.perf_counter()
         texts = [self.tok.decode(ids) for ids in completions]  # decoded for the scorer only, never re-encoded
-        scored = score_batch(rows, texts, cfg.reward_shaping)
+        scoring = self.scorer.submit(rows, texts)  # in worker processes when score_workers > 0
+        batch = self.prepare(prompts, completions)
+        if self.cuda:
+            torch.cuda.synchronize()
+        t_prep = time.perf_counter()
+        scored = scoring()
         rewards = torch.tensor([r for r, _ in scored], dtype=torch.float32)
-        t_score = time.perf_counter()
-        stats = self.update(rows, prompts, completions, rewards)
+        t_score = time.perf_counter()  # only the wait for scores that prepare() did not hide
+        stats = self.update(batch, [s.task for s in rows], rewards)
+        del batch
         if stats is None:
             self.recover("non-finite loss or gradient")
             return
@@ -378,7 +431,8 @@ class Trainer:
             torch.cuda.synchronize()
         t_end = time.perf_counter()
         m = {"step": self.step, **stats, "completion_tokens": sum(map(len, completions)),
-             "time_generate": t_gen - t0, "time_score": t_score - t_gen, "time_update": t_end - t_score,
+             "time_generate": t_gen - t0, "time_ref_logprobs": t_prep - t_gen, "time_score": t_score - t_prep,
+             "time_update": t_end - t_score,
              "time_step": t_end - t0, "peak_mem_mb": peak_memory_mb(self.cuda)}
         m.update(reward_metrics(rows, rewards, scored))
         self.best_reward = max(self.best_reward, m["reward_mean"])
@@ -408,6 +462,8 @@ class Trainer:
 
     def run(self):
         self.resume()
+        if self.cfg.auto_batch_size:
+            self.choose_batch_size()
         with open(os.path.join(self.run_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(self.cfg), f, indent=2)
         if not os.path.exists(os.path.join(self.ckpt_dir, "recovery.pt")):
@@ -427,6 +483,7 @@ class Trainer:
                     raise StopRun(f"{self.stop_signal} received: checkpoint saved at step {self.step}; "
                                   f"continue with --run_name {self.run_name} --auto_resume")
         finally:
+            self.scorer.close()
             for sig, h in handlers.items():
                 signal.signal(sig, h)
         self.save_regular()
@@ -445,6 +502,20 @@ def grpo_generate(model, prompts, cfg, eos_id):
 
 
 grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing loss
+
+
+def find_batch_size(probe, start, capacity, fraction, max_batch=4096):
+    """Double the batch size from `start` while probe(b), the peak memory of a step (None when it ran
+    out of memory), stays under fraction * capacity. Returns the largest that did (None if not even
+    `start`) and every (batch size, peak) measured."""
+    best, measured, b = None, [], start
+    while b <= max_batch:
+        peak = probe(b)
+        measured.append((b, peak))
+        if peak is None or peak > fraction * capacity:
+            break
+        best, b = b, 2 * b
+    return best, measured
 
 
 def peak_memory_mb(cuda):
