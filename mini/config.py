@@ -72,6 +72,7 @@ class Config:
     decay_steps: int = opt(0, "final linear decay to zero over the last steps")
     min_lr_ratio: float = opt(0.1, "cosine floor as a fraction of lr")
     bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)")
+    bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX")
     compile: bool = opt(False, "torch.compile the model on CUDA")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")

@@ -155,11 +155,34 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
     return metrics_from_completions(samples, completions, shaping), completions
 
 
+def compare(before_json, after_json, n_boot=2000, seed=0):
+    """Per metric: before, after, after - before and its 95% paired bootstrap interval over the prompts
+    (both reports must come from the same eval set). Metrics pooled over matched moves or valid
+    completions only (the MAEs) are not paired prompt by prompt and are left out."""
+    import numpy as np
+    reports = [json.load(open(p)) for p in (before_json, after_json)]
+    if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
+        raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
+    samples = load_eval_set("" if reports[0]["data"] == EVAL_PATH else reports[0]["data"], reports[0]["n_per_task"])
+    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"]) for r in reports)
+    rng = np.random.default_rng(seed)
+    rows = {}
+    for k in before:
+        if k.endswith("_mae") or len(before[k]) != len(after.get(k, ())):
+            continue
+        d = np.array(after[k]) - np.array(before[k])
+        boot = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(1)
+        rows[k] = (float(np.mean(before[k])), float(np.mean(after[k])), float(d.mean()),
+                   float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), len(d))
+    return rows
+
+
 def main(argv=None):
     from mini.loader import LoadError, load_model
     cfg = Config()
     p = argparse.ArgumentParser(description="Greedy evaluation of a RookWorld snapshot on held-out P: and A: prompts.")
-    p.add_argument("--model_path", required=True, help="snapshot directory or hub id")
+    p.add_argument("--model_path", help="snapshot directory or hub id")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two JSON reports: deltas with bootstrap CIs")
     p.add_argument("--data", default="", help="RookWorld text file or annotated .jsonl (default: the shipped eval set)")
     p.add_argument("--n", type=int, default=cfg.eval_n, help="prompts per task")
     p.add_argument("--out", default="", help="JSON report (default: eval.json in the model directory)")
@@ -168,6 +191,17 @@ def main(argv=None):
     p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
     p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"])
     args = p.parse_args(argv)
+    if args.compare:
+        try:
+            rows = compare(*args.compare)
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"evaluate.py: {e}")
+        print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
+        for k, (b0, a0, d, lo, hi, n) in rows.items():
+            print(f"{k:28s} {b0:8.4f} {a0:8.4f} {d:+8.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>20s} {n:5d}")
+        return
+    if not args.model_path:
+        p.error("--model_path is required (or --compare BEFORE AFTER)")
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device.startswith("cuda")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.bf16 else None
     try:  # a bad path, file or length ends with its one-sentence message

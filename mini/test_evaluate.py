@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mini.evaluate as ev
-from mini.dataset import parse_line
+from mini.dataset import EVAL_PATH, parse_line
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.reward_scorer import score
@@ -153,6 +153,28 @@ def test_cli_bad_paths(snapshot, tmp_path):
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     with pytest.raises(SystemExit, match="no_such_file"):
         ev.main(["--model_path", snapshot, "--data", str(tmp_path / "no_such_file.txt")])
+
+
+def test_compare_gives_paired_deltas_with_intervals(tmp_path):
+    samples = ev.held_out_samples(6)
+    def report(path, completions):
+        samples_json = [{"task": s.task, "prompt": s.prompt, "completion": c} for s, c in zip(samples, completions)]
+        path.write_text(json.dumps({"data": EVAL_PATH, "n_per_task": 6, "shaping": "continuous", "samples": samples_json}))
+        return str(path)
+    garbage = report(tmp_path / "before.json", ["garbage"] * len(samples))
+    labels = report(tmp_path / "after.json", [s.completion for s in samples])
+    same = ev.compare(garbage, garbage)
+    assert all(d == lo == hi == 0 for _, _, d, lo, hi, _ in same.values())
+    rows = ev.compare(garbage, labels)
+    b, a, d, lo, hi, n = rows["eval_reward"]
+    assert (b, a, n) == (pytest.approx(-0.3), pytest.approx(1.0), 12) and d == pytest.approx(1.3) and lo == hi == d
+    b, a, d, lo, hi, n = rows["eval_format_valid_A"]
+    assert (b, a, d, n) == (0.0, 1.0, 1.0, 6)
+    assert not any(k.endswith("_mae") for k in rows)  # not paired prompt by prompt
+    other = report(tmp_path / "other.json", ["x"] * len(samples))
+    json.dump({**json.load(open(other)), "samples": []}, open(other, "w"))
+    with pytest.raises(ValueError, match="same prompts"):
+        ev.compare(garbage, other)
 
 
 if __name__ == "__main__":

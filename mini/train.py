@@ -163,7 +163,7 @@ class Trainer:
         torch.manual_seed(seed)
 
     def autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda and self.cfg.bf16 else contextlib.nullcontext()
+        return autocast(self.device, self.cfg)
 
     def state(self):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -502,6 +502,12 @@ def grpo_generate(model, prompts, cfg, eos_id):
 
 
 grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing loss
+
+
+def autocast(device, cfg):
+    """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
+    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
+    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
 def find_batch_size(probe, start, capacity, fraction, max_batch=4096):
