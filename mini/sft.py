@@ -1,0 +1,181 @@
+"""
+Supervised warm start: teach a GPT-2 (from scratch or a snapshot) the RookWorld formats, offline.
+
+    python mini/sft.py --model_path scratch --n_layer 4 --n_head 4 --n_embd 256 --steps 2000 --batch_size 32 --lr 1e-3 --run_name sft
+    python mini/sft.py --model_path scratch --mix_env_ratio 0.5 --steps 600 --time_limit_min 10 --run_name sft
+    python mini/sft.py --model_path logs/sft/final --lr 3e-4 --steps 500 --run_name sft2   # continue from a snapshot
+    python mini/sft.py --model_path scratch --data_source file --data_file rookworld.txt --run_name sft
+
+Data: P: samples from the shipped pool (Stockfish labels) or a RookWorld text file; A: samples made by
+python-chess on the fly (a random move on a pool position, a freshly generated position, or a position
+one ply on from an earlier sample), so A: data never runs out. mix_env_ratio is the A: share. Nothing
+from the held-out eval set (mini/data/eval.jsonl) is ever trained on: samples on its positions are dropped.
+
+Each sequence is encode(prompt) + encode(completion) + [EOS], with no leading EOS because train.py and
+evaluate.py generate from encode(prompt) alone; the loss covers the completion tokens and the final
+EOS (the model must learn to stop), never the prompt. Rows are right-padded with an attention mask.
+The LR follows train.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
+one, so a time-limited run still ends on a decayed LR. logs/<run_name>/sft.log gets the log lines;
+logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from mini.config import parse_args
+from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, load_jsonl, load_samples, position_key
+from mini.loader import LoadError, load_model, save_model
+from mini.model import GPT, GPTConfig
+from mini.tokenizer import Tokenizer
+from mini.train import build_optimizer, lr_factor
+
+LOG_EVERY = 10
+FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocabulary correction (see sft_loss)
+
+
+class SFTData:
+    """Endless training samples of the configured mix, none on a held-out position."""
+
+    def __init__(self, cfg):
+        self.held_out = {position_key(s.fen) for s in load_jsonl(EVAL_PATH)}
+        samples = [s for s in load_samples(cfg) if self.clean(s.fen)]  # a text file may hold eval positions
+        self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
+        self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)
+        self.positions = iter_positions(cfg.seed)
+
+    def clean(self, *fens):
+        return not any(fen and position_key(fen) in self.held_out for fen in fens)
+
+    def batch(self, n):
+        fen, history, _ = next(self.positions)  # one fresh generated position per batch (~10 ms)
+        if self.clean(fen):
+            self.buffer.add(fen, history)
+        out = []
+        while len(out) < n:
+            for s in self.sampler.draw(n - len(out)):
+                if self.clean(s.fen, s.next_fen):  # next_fen: an A: completion must not show one either
+                    out.append(s)
+                    self.buffer.add_next(s)  # walks games on, so A: positions keep changing
+        return out
+
+
+def encode_batch(samples, tok, device):
+    """(inputs, attention mask, targets, loss mask on targets): right-padded rows of
+    encode(prompt) + encode(completion) + [EOS]; the loss mask is True where the target is a completion token or that EOS."""
+    rows = [(tok.encode(s.prompt), tok.encode(s.completion) + [tok.eos_token_id]) for s in samples]
+    T = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), T), tok.eos_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    loss_mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, (p, c) in enumerate(rows):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        mask[i, :len(p) + len(c)] = True
+        loss_mask[i, len(p):len(p) + len(c)] = True
+    ids, mask, loss_mask = ids.to(device), mask.to(device), loss_mask.to(device)
+    return ids[:, :-1], mask[:, :-1], ids[:, 1:], loss_mask[:, 1:]
+
+
+def sft_loss(model, x, mask, y, loss_mask):
+    """Mean cross-entropy over the loss-mask tokens, estimated without the full 50257-wide lm_head.
+
+    RookWorld text uses ~300 GPT-2 tokens, and the full-width lm_head + softmax cost ~60% of a CPU step.
+    So the softmax runs over the batch's own token ids, plus an unbiased correction: on a random
+    FULL_SOFTMAX_SHARE of the positions, full logsumexp minus restricted logsumexp. The restricted loss
+    alone is shift-invariant and would leave ~40% of the probability on tokens that never occur."""
+    vocab = torch.unique(torch.cat([x[mask], y[loss_mask]]))  # sorted ids
+    h, y = model.hidden(x, mask)[loss_mask], y[loss_mask]  # completion positions only
+    logits = (h @ model.lm_head.weight[vocab].t()).float()
+    lse = torch.logsumexp(logits, -1)
+    loss = lse - logits.gather(1, torch.searchsorted(vocab, y)[:, None])[:, 0]
+    sub = torch.randperm(len(h), device=h.device)[:max(1, round(FULL_SOFTMAX_SHARE * len(h)))]
+    correction = torch.logsumexp(model.lm_head(h[sub]).float(), -1) - lse[sub]  # log(1 / mass on vocab) >= 0
+    return loss.mean() + correction.mean()
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if cfg.device == "auto" else cfg.device)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    try:
+        if cfg.model_path == "scratch":
+            model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
+        else:
+            model, tok = load_model(cfg.model_path, device)
+        data = SFTData(cfg)
+    except (LoadError, ValueError, OSError) as e:  # no such snapshot, a missing or malformed data file
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    model.train()
+    optimizer = build_optimizer(model, None, cfg)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and cfg.bf16 else contextlib.nullcontext()
+    run_dir = os.path.join(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
+    os.makedirs(run_dir, exist_ok=True)
+    log_file = open(os.path.join(run_dir, "sft.log"), "a")
+
+    def log(line):
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    log_file.write(f"config {json.dumps(dataclasses.asdict(cfg))}\n")  # the full settings, for the record
+    log(f"SFT of {model.num_params() / 1e6:.1f}M params on {device}: {cfg.steps} steps of {cfg.batch_size}, "
+        f"A: share {cfg.mix_env_ratio}" + (f", time limit {cfg.time_limit_min} min" if cfg.time_limit_min > 0 else ""))
+    stop = []
+
+    def on_signal(signum, frame):  # finish the step, save, exit; a second Ctrl-C kills as usual
+        stop.append(signal.Signals(signum).name)
+        signal.signal(signum, handlers[signum])
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    limit_s = 60 * cfg.time_limit_min
+    t0 = t_log = time.time()
+    step, loss_sum, tokens = 0, 0.0, 0
+    try:
+        while step < cfg.steps and not stop:
+            elapsed = time.time() - t0
+            if limit_s > 0 and elapsed > limit_s:
+                log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
+                break
+            # the schedule advances with whichever budget (steps or time) runs out first
+            progress = max(step, int(cfg.steps * elapsed / limit_s)) if limit_s > 0 else step
+            lr = cfg.lr * lr_factor(min(progress, cfg.steps - 1), cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, mask, y, loss_mask = encode_batch(data.batch(cfg.batch_size), tok, device)
+            with autocast:
+                loss = sft_loss(model, x, mask, y, loss_mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            step += 1
+            loss_sum, tokens = loss_sum + loss.item(), tokens + int(mask.sum())
+            if step % LOG_EVERY == 0 or step == cfg.steps:
+                now = time.time()
+                log(f"step {step:5d} | loss {loss_sum / ((step - 1) % LOG_EVERY + 1):.4f} | lr {lr:.2e} | "
+                    f"{tokens / (now - t_log):.0f} tok/s | {now - t0:.0f} s")
+                t_log, loss_sum, tokens = now, 0.0, 0
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    if stop:
+        log(f"{stop[0]} received at step {step}")
+    final = save_model(model, tok, os.path.join(run_dir, "final"))
+    log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {final}")
+    log_file.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

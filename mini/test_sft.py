@@ -1,0 +1,124 @@
+"""The supervised warm start: its loss mask, a short run of a tiny model, and the held-out guard.
+
+    python mini/test_sft.py
+"""
+import os
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mini.sft as sft
+from mini.config import parse_args
+from mini.dataset import EVAL_PATH, POOL_PATH, Sample, generate_positions, load_jsonl, position_key
+from mini.loader import load_model, save_model
+from mini.model import GPT, GPTConfig
+from mini.tokenizer import Tokenizer
+
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.gpt2()
+
+
+def test_loss_mask_covers_completion_and_final_eos(tok):
+    samples = [Sample("A", "", "A: a+", "b+1"),   # A | : | ' a' | + || b | + | 1 | EOS
+               Sample("P", "", "P: k  ", " M: x"),  # P | : | ' k' | ' ' | ' ' || ' M' | : | ' x' | EOS
+               Sample("A", "", "A:", " a")]         # A | : || ' a' | EOS
+    x, mask, y, loss_mask = sft.encode_batch(samples, tok, "cpu")
+    assert x.tolist() == [[32, 25, 257, 10, 65, 10, 16, EOS],
+                          [47, 25, 479, 220, 220, 337, 25, 2124],
+                          [32, 25, 257, EOS, EOS, EOS, EOS, EOS]]
+    assert y.tolist() == [[25, 257, 10, 65, 10, 16, EOS, EOS],
+                          [25, 479, 220, 220, 337, 25, 2124, EOS],
+                          [25, 257, EOS, EOS, EOS, EOS, EOS, EOS]]
+    assert loss_mask.int().tolist() == [[0, 0, 0, 1, 1, 1, 1, 0],
+                                        [0, 0, 0, 0, 1, 1, 1, 1],
+                                        [0, 1, 1, 0, 0, 0, 0, 0]]
+    assert mask.int().tolist() == [[1] * 8, [1] * 8, [1, 1, 1, 1, 0, 0, 0, 0]]
+
+
+def test_loss_mask_on_real_lines(tok):
+    """On real P: and A: lines the masked targets are exactly the completion's tokens and EOS, and
+    tokenising prompt and completion apart gives the tokens of the whole line."""
+    data = sft.SFTData(parse_args(["--mix_env_ratio", "0.5"]))
+    samples = data.batch(16)
+    assert {s.task for s in samples} == {"P", "A"}
+    _, _, y, loss_mask = sft.encode_batch(samples, tok, "cpu")
+    for s, row, m in zip(samples, y, loss_mask):
+        assert row[m].tolist() == tok.encode(s.completion) + [EOS]
+        assert tok.encode(s.prompt) + tok.encode(s.completion) == tok.encode(s.prompt + s.completion)
+
+
+def full_vocab_loss(model, batch):
+    """The exact loss, softmax over all 50257 tokens, which sft_loss estimates."""
+    x, mask, y, loss_mask = batch
+    with torch.no_grad():
+        return F.cross_entropy(model(x, mask)[loss_mask], y[loss_mask]).item()
+
+
+def test_loss_is_the_full_vocabulary_cross_entropy(tok, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, n_positions=256))
+    batch = sft.encode_batch(load_jsonl(POOL_PATH)[:3], tok, "cpu")
+    full = full_vocab_loss(model, batch)
+    monkeypatch.setattr(sft, "FULL_SOFTMAX_SHARE", 1.0)  # the correction on every position: exact
+    assert sft.sft_loss(model, *batch).item() == pytest.approx(full, abs=1e-4)
+    monkeypatch.setattr(sft, "FULL_SOFTMAX_SHARE", 1 / 8)  # on a random eighth: exact on average
+    with torch.no_grad():
+        estimates = torch.tensor([sft.sft_loss(model, *batch).item() for _ in range(200)])
+    assert estimates.mean().item() == pytest.approx(full, abs=3 * estimates.std().item() / 200 ** 0.5 + 1e-4)
+
+
+def test_short_run_learns_and_writes_a_snapshot(tok, tmp_path):
+    torch.manual_seed(0)
+    start = save_model(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, n_positions=256)), tok, str(tmp_path / "start"))
+    batch = sft.encode_batch(load_jsonl(POOL_PATH)[:4] + sft.SFTData(parse_args(["--mix_env_ratio", "1"])).batch(4),
+                             tok, "cpu")
+    assert sft.main(["--model_path", start, "--log_dir", str(tmp_path), "--run_name", "r", "--steps", "20",
+                     "--batch_size", "4", "--lr", "3e-3", "--warmup_steps", "2", "--mix_env_ratio", "0.5"]) == 0
+    model, _ = load_model(str(tmp_path / "r" / "final"))
+    before, after = full_vocab_loss(load_model(start)[0], batch), full_vocab_loss(model, batch)
+    assert after < before - 1.0, (before, after)
+    with open(tmp_path / "r" / "sft.log") as f:
+        log = f.read()
+    assert "step    20 | loss" in log and "done: 20 steps" in log
+
+
+def test_time_limit_stops_and_saves(tmp_path):
+    t0 = time.time()
+    assert sft.main(["--model_path", "scratch", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--log_dir",
+                     str(tmp_path), "--run_name", "t", "--steps", "100000", "--batch_size", "2",
+                     "--time_limit_min", "0.05"]) == 0  # 3 s
+    assert time.time() - t0 < 30  # the limit, one step, building the model and saving it
+    with open(tmp_path / "t" / "sft.log") as f:
+        assert "time limit of 0.05 min reached" in f.read()
+    model, _ = load_model(str(tmp_path / "t" / "final"))
+    assert model.config.n_layer == 1 and model.config.n_embd == 32
+
+
+def test_sft_data_never_holds_an_eval_position(tmp_path):
+    held_out = load_jsonl(EVAL_PATH)
+    keys = {position_key(s.fen) for s in held_out}
+    # seed 0 is the generator stream the eval set was drawn from: without the guard its positions would be trained on
+    assert sum(position_key(fen) in keys for fen, _, _ in generate_positions(20, 0)) >= 5
+    data = sft.SFTData(parse_args(["--seed", "0", "--mix_env_ratio", "1"]))
+    samples = [s for _ in range(40) for s in data.batch(16)]
+    assert len(data.buffer) >= 40  # A: samples did come from generated positions, not only the pool
+    assert not any(position_key(s.fen) in keys or position_key(s.next_fen or s.fen) in keys for s in samples)
+
+    # a RookWorld text file that holds an eval position: that line is never drawn
+    pool = load_jsonl(POOL_PATH)
+    path = os.path.join(tmp_path, "lines.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(s.prompt + s.completion for s in (held_out[0], pool[0])) + "\n")
+    data = sft.SFTData(parse_args(["--data_source", "file", "--data_file", path, "--mix_env_ratio", "0"]))
+    assert {s.fen for s in data.batch(32)} == {pool[0].fen}
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
