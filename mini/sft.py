@@ -18,7 +18,6 @@ The LR follows train.lr_factor over --steps, or over --time_limit_min when that 
 one, so a time-limited run still ends on a decayed LR. logs/<run_name>/sft.log gets the log lines;
 logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 """
-import contextlib
 import dataclasses
 import json
 import os
@@ -35,7 +34,7 @@ from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, l
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
-from mini.train import build_optimizer, lr_factor
+from mini.train import autocast, build_optimizer, lr_factor, resolve_device
 
 LOG_EVERY = 10
 FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocabulary correction (see sft_loss)
@@ -102,8 +101,7 @@ def sft_loss(model, x, mask, y, loss_mask):
 
 def main(argv=None):
     cfg = parse_args(argv)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if cfg.device == "auto" else cfg.device)
+    device = resolve_device(cfg.device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     try:
@@ -117,7 +115,6 @@ def main(argv=None):
         return 1
     model.train()
     optimizer = build_optimizer(model, None, cfg)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and cfg.bf16 else contextlib.nullcontext()
     run_dir = os.path.join(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
     log_file = open(os.path.join(run_dir, "sft.log"), "a")
@@ -152,7 +149,7 @@ def main(argv=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, mask, y, loss_mask = encode_batch(data.batch(cfg.batch_size), tok, device)
-            with autocast:
+            with autocast(device, cfg):
                 loss = sft_loss(model, x, mask, y, loss_mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

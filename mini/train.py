@@ -48,8 +48,8 @@ def build_optimizer(model, value_head, cfg):
     decay = [p for n, p in params if p.dim() == 2 and "wte" not in n and "wpe" not in n]
     no_decay = [p for n, p in params if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), fused=fused or None)
+    fused = resolve_device(cfg.device).type == "cuda" or None
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), fused=fused)
 
 
 def lr_factor(step, cfg):
@@ -121,8 +121,7 @@ def latest_valid_checkpoint(ckpt_dir):
 class Trainer:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if cfg.device == "auto" else cfg.device)
+        self.device = resolve_device(cfg.device)
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -502,6 +501,11 @@ def grpo_generate(model, prompts, cfg, eos_id):
 
 
 grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing loss
+
+
+def resolve_device(name):
+    """cuda, cpu or auto (cuda when available)."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
 def autocast(device, cfg):
