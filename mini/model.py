@@ -161,6 +161,26 @@ def _pad_left(seqs, pad_id, device):
     return ids.to(device), mask.to(device)
 
 
+def sample_next(logits, temperature=1.0, top_k=0, generator=None):
+    """One token per row from softmax(logits / temperature), restricted to the top_k most likely
+    tokens when top_k > 0 (temperature 0: argmax), and its fp32 log-prob under that distribution.
+    Sampling inverts the CDF with one uniform number per row: exact, no host sync, and ~10x cheaper
+    on CPU than drawing a Gumbel or exponential variate for each of the 50257 logits."""
+    logits = logits.float()  # (N, V)
+    if temperature == 0:
+        nxt = logits.argmax(dim=-1)
+        return nxt, F.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0]
+    logits = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    logp = F.log_softmax(logits, dim=-1)
+    cdf = logp.exp().cumsum(dim=-1)  # (N, V)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
+    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=cdf.shape[-1] - 1)  # right: skips p = 0 tokens
+    return nxt, logp.gather(1, nxt[:, None])[:, 0]
+
+
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50256, generator=None,
              stop_check_every=4):
@@ -201,22 +221,10 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     ones = torch.ones(N, 1, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        logits = logits.float()
-        if temperature > 0:
-            logits = logits / temperature
-            if top_k > 0:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            logp = F.log_softmax(logits, dim=-1)
-            # Gumbel-max through exponentials: a sample from softmax(logits) without a host sync
-            noise = torch.empty_like(logp).exponential_(generator=generator)
-            nxt = (logp.exp() / noise).argmax(dim=-1)
-        else:
-            logp = F.log_softmax(logits, dim=-1)
-            nxt = logits.argmax(dim=-1)
+        nxt, logp = sample_next(logits, temperature, top_k, generator)
         nxt = torch.where(finished, eos_id, nxt)  # (N,)
         tokens[:, t] = nxt
-        logprobs[:, t] = logp.gather(1, nxt[:, None])[:, 0].masked_fill(finished, 0.0)
+        logprobs[:, t] = logp.masked_fill(finished, 0.0)
         finished |= nxt == eos_id
         if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(finished.all())):
             break
