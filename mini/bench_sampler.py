@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from mini.loader import load_model, save_model
+from mini.loader import save_model
 from mini.model import GPT, GPTConfig, _pad_left, generate
 from mini.tokenizer import Tokenizer
 

@@ -27,7 +27,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from mini.config import parse_args
 from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, load_jsonl, load_samples, position_key

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mini import grpo
-from mini.config import Config, parse_args
+from mini.config import parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
