@@ -1,10 +1,16 @@
 """
 Supervised warm start: teach a GPT-2 (from scratch or a snapshot) the RookWorld formats, offline.
 
-    python mini/sft.py --model_path scratch --n_layer 4 --n_head 4 --n_embd 256 --steps 2000 --batch_size 32 --lr 1e-3 --run_name sft
-    python mini/sft.py --model_path scratch --mix_env_ratio 0.5 --steps 600 --time_limit_min 10 --run_name sft
-    python mini/sft.py --model_path logs/sft/final --lr 3e-4 --steps 500 --run_name sft2   # continue from a snapshot
+    # the learning demonstration's warm start: <= 10 min on a 2-core CPU (the schedule fits the time limit)
+    python mini/sft.py --model_path scratch --n_layer 8 --n_head 4 --n_embd 128 --batch_size 16 --lr 2e-3 \
+        --warmup_steps 50 --mix_env_ratio 0.7 --steps 1500 --time_limit_min 10 --run_name sft
+    # CI-sized, ~2 min: P: format mostly valid, A: not yet
+    python mini/sft.py --model_path scratch --n_layer 4 --n_head 4 --n_embd 64 --batch_size 8 --lr 3e-3 \
+        --warmup_steps 30 --mix_env_ratio 0.3 --steps 800 --time_limit_min 2 --run_name sft-ci
+    python mini/sft.py --model_path logs/sft/final --lr 5e-4 --steps 1000 --run_name sft2   # continue from a snapshot
     python mini/sft.py --model_path scratch --data_source file --data_file rookworld.txt --run_name sft
+
+On a 2-core machine that other jobs share, OMP_NUM_THREADS=1 is faster than torch's default of 2 threads.
 
 Data: P: samples from the shipped pool (Stockfish labels) or a RookWorld text file; A: samples made by
 python-chess on the fly (a random move on a pool position, a freshly generated position, or a position
