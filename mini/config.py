@@ -6,7 +6,10 @@ so a default lives in exactly one place:
     python mini/train.py --no_bf16 --kl_type k3
 """
 import argparse
+import contextlib
 from dataclasses import dataclass, field, fields
+
+import torch
 
 
 def opt(default, help, choices=None):
@@ -109,3 +112,14 @@ def parse_args(argv=None):
             p.add_argument(f"--{f.name}", type=type(default), choices=meta["choices"], help=meta["help"])
         p.set_defaults(**{f.name: default})
     return Config(**vars(p.parse_args(argv)))
+
+
+def resolve_device(name):
+    """cuda, cpu or auto (cuda when available)."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
+def autocast(device, cfg):
+    """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
+    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
+    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()

@@ -43,10 +43,11 @@ import sys
 import time
 from collections import defaultdict
 
+import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from mini.config import Config
+from mini.config import Config, autocast, resolve_device
 from mini.dataset import EVAL_PATH, legal_ucis, load_jsonl, load_text, parse_env, parse_policy, random_env_sample
 from mini.model import generate
 from mini.reward_scorer import EVAL_CLIP, score_batch
@@ -155,16 +156,10 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
     return metrics_from_completions(samples, completions, shaping), completions
 
 
-def compare(before_json, after_json, n_boot=2000, seed=0):
-    """Per metric: before, after, after - before and its 95% paired bootstrap interval over the prompts
-    (both reports must come from the same eval set). Metrics pooled over matched moves or valid
-    completions only (the MAEs) are not paired prompt by prompt and are left out."""
-    import numpy as np
-    reports = [json.load(open(p)) for p in (before_json, after_json)]
-    if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
-        raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
-    samples = load_eval_set("" if reports[0]["data"] == EVAL_PATH else reports[0]["data"], reports[0]["n_per_task"])
-    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"]) for r in reports)
+def paired_bootstrap(before, after, n_boot=2000, seed=0):
+    """Per metric of two per_sample_values dicts on the same prompts: (before, after, after - before,
+    2.5th and 97.5th percentile of the delta's bootstrap over prompts, n). Metrics pooled over matched
+    moves or valid completions only (the MAEs) are not paired prompt by prompt and are left out."""
     rng = np.random.default_rng(seed)
     rows = {}
     for k in before:
@@ -175,6 +170,16 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
         rows[k] = (float(np.mean(before[k])), float(np.mean(after[k])), float(d.mean()),
                    float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), len(d))
     return rows
+
+
+def compare(before_json, after_json, n_boot=2000, seed=0):
+    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set."""
+    reports = [json.load(open(p)) for p in (before_json, after_json)]
+    if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
+        raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
+    samples = load_eval_set("" if reports[0]["data"] == EVAL_PATH else reports[0]["data"], reports[0]["n_per_task"])
+    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"]) for r in reports)
+    return paired_bootstrap(before, after, n_boot, seed)
 
 
 def main(argv=None):
@@ -202,13 +207,13 @@ def main(argv=None):
         return
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")
-    cuda = torch.cuda.is_available() if args.device == "auto" else args.device.startswith("cuda")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.bf16 else None
+    device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
         samples = load_eval_set(args.data, args.n)
-        model, tok = load_model(args.model_path, "cuda" if cuda else "cpu")
+        model, tok = load_model(args.model_path, device)
         t0 = time.perf_counter()
-        completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast, progress=True)
+        completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
+                               progress=True)
     except (LoadError, OSError, ValueError) as e:
         sys.exit(f"evaluate.py: {e}")
     seconds = time.perf_counter() - t0

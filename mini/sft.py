@@ -34,12 +34,12 @@ import time
 
 import torch
 
-from mini.config import parse_args
+from mini.config import autocast, parse_args, resolve_device
 from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, load_jsonl, load_samples, position_key
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
-from mini.train import autocast, build_optimizer, lr_factor, resolve_device
+from mini.train import build_optimizer, lr_factor
 
 LOG_EVERY = 10
 FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocabulary correction (see sft_loss)

@@ -177,5 +177,16 @@ def test_compare_gives_paired_deltas_with_intervals(tmp_path):
         ev.compare(garbage, other)
 
 
+def test_paired_bootstrap_matches_the_normal_approximation():
+    """Half the prompts gain 1: delta 0.5, 95% interval 0.5 +- 1.96 * sqrt(0.25 / 400) = [0.451, 0.549]."""
+    before = {"m": [0.0] * 400, "eval_P_eval_mae": [1.0] * 400}
+    after = {"m": [1.0, 0.0] * 200, "eval_P_eval_mae": [0.0] * 400}
+    rows = ev.paired_bootstrap(before, after, n_boot=4000)
+    b, a, d, lo, hi, n = rows["m"]
+    assert (b, a, d, n) == (0.0, 0.5, 0.5, 400)
+    assert lo == pytest.approx(0.451, abs=0.01) and hi == pytest.approx(0.549, abs=0.01)
+    assert list(rows) == ["m"]  # MAEs are not paired prompt by prompt
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -10,7 +10,6 @@ group-relative advantages, update the policy (PPO-clipped, KL to the frozen star
 Everything lands in logs/<run_name>/: metrics.jsonl, samples.jsonl, train.log, config.json,
 checkpoints/ and, at the end, final/ (a Hugging Face snapshot).
 """
-import contextlib
 import dataclasses
 import glob
 import json
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from mini import grpo
-from mini.config import parse_args
+from mini.config import autocast, parse_args, resolve_device
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
@@ -501,17 +500,6 @@ def grpo_generate(model, prompts, cfg, eos_id):
 
 
 grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing loss
-
-
-def resolve_device(name):
-    """cuda, cpu or auto (cuda when available)."""
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-
-
-def autocast(device, cfg):
-    """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
-    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
-    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
 def find_batch_size(probe, start, capacity, fraction, max_batch=4096):

@@ -1,0 +1,97 @@
+"""
+Summarise a training run from its metrics.jsonl: the trend of the main signals over windows of steps,
+the held-out evaluations, and warnings for the failure modes of GRPO runs (shared LESSONS.md).
+
+    python analyze_metrics.py logs/demo-grpo                 # a run directory or its metrics.jsonl
+    python analyze_metrics.py logs/demo-grpo --windows 5
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
+         "zero_var_share", "clip_frac", "grad_norm", "time_step"]
+EVAL = ["eval_reward", "eval_reward_P", "eval_reward_A", "eval_P_invalid", "eval_P_best_legal", "eval_P_best_acc_pv1",
+        "eval_P_top5_acc", "eval_A_invalid", "eval_A_next_state_exact", "eval_A_levenshtein"]
+
+
+def load_metrics(path):
+    """The rows of a run's metrics.jsonl (path: the file or the run directory), in step order."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise ValueError(f"{path} does not exist; pass a run directory of mini/train.py or its metrics.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} is empty: the run logged no step yet")
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def window_means(rows, keys, n_windows):
+    """[(first step, last step, {key: mean over the window's rows that have it})] over n equal windows."""
+    size = math.ceil(len(rows) / n_windows)
+    out = []
+    for i in range(0, len(rows), size):
+        w = rows[i:i + size]
+        means = {}
+        for k in keys:
+            vals = [r[k] for r in w if k in r]
+            if vals:
+                means[k] = sum(vals) / len(vals)
+        out.append((w[0]["step"], w[-1]["step"], means))
+    return out
+
+
+def warnings(rows):
+    """Plain sentences about what looks wrong in the run."""
+    out, last = [], rows[-max(1, len(rows) // 5):]  # the last fifth of the run
+    mean = lambda k, rs: sum(r.get(k, 0.0) for r in rs) / len(rs)
+    if mean("zero_var_share", last) > 0.5:
+        out.append(f"{mean('zero_var_share', last):.0%} of groups had equal rewards late in the run: they give no "
+                   "gradient; raise --temperature or --k_samples, or the tasks are too easy or too hard")
+    if abs(mean("kl", last)) > 0.5:
+        out.append(f"KL to the start model is {mean('kl', last):.2f} late in the run: the policy drifts far; "
+                   "lower --lr or raise --kl_coef (or --adaptive_kl)")
+    if mean("clip_frac", last) > 0.2:
+        out.append(f"{mean('clip_frac', last):.0%} of tokens clipped late in the run: updates are too large")
+    if len(rows) >= 10 and mean("reward_mean", last) <= mean("reward_mean", rows[:max(1, len(rows) // 5)]):
+        out.append("the training reward did not rise from the first fifth of the run to the last")
+    evals = [r for r in rows if "eval_reward" in r]
+    if len(evals) >= 2 and evals[-1]["eval_reward"] < evals[0]["eval_reward"]:
+        out.append(f"held-out reward fell from {evals[0]['eval_reward']:.3f} (step {evals[0]['step']}) to "
+                   f"{evals[-1]['eval_reward']:.3f} (step {evals[-1]['step']})")
+    return out
+
+
+def table(header, lines):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    return "\n".join(" ".join(str(x).rjust(w) for x, w in zip(row, widths)) for row in [header, *lines])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Summarise a mini/train.py run from its metrics.jsonl.")
+    p.add_argument("run", help="run directory (logs/<run_name>) or its metrics.jsonl")
+    p.add_argument("--windows", type=int, default=10, help="number of step windows in the trend table")
+    args = p.parse_args(argv)
+    try:
+        rows = load_metrics(args.run)
+    except (ValueError, json.JSONDecodeError) as e:
+        sys.exit(f"analyze_metrics.py: {e}")
+    keys = [k for k in TREND if any(k in r for r in rows)]
+    print(f"{len(rows)} steps, {sum(r.get('time_step', 0.0) for r in rows) / 60:.1f} min\n")
+    print(table(["steps"] + keys, [[f"{a}-{b}"] + [f"{m[k]:.3f}" if k in m else "-" for k in keys]
+                                   for a, b, m in window_means(rows, keys, args.windows)]))
+    evals = [r for r in rows if "eval_reward" in r]
+    if evals:
+        keys = [k for k in EVAL if k in evals[0]]
+        print("\nheld-out evaluation\n" + table(["step"] + keys, [[r["step"]] + [f"{r[k]:.3f}" for k in keys]
+                                                                  for r in evals]))
+    for w in warnings(rows):
+        print(f"warning: {w}")
+
+
+if __name__ == "__main__":
+    main()
