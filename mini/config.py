@@ -66,7 +66,7 @@ class Config:
     value_clip: float = opt(0.2, "value loss clip range")
 
     # optimisation
-    lr: float = opt(1e-5, "peak learning rate")
+    lr: float = opt(1e-5, "peak learning rate (GRPO wants it small: 2e-4 made an 8M model drift, see RESULTS.md)")
     weight_decay: float = opt(0.01, "AdamW decay on matrices (never on biases, norms, embeddings)")
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.95, "AdamW beta2")

@@ -29,6 +29,7 @@ from mini.config import autocast, parse_args, resolve_device
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
+from mini.model import generate
 from mini.reward_scorer import ScoringPool
 
 MAX_RECOVERIES = 3
@@ -247,7 +248,8 @@ class Trainer:
         prompts = [self.tok.encode(s.prompt) for s in rows]
         self.model.eval()
         with self.autocast():
-            out = grpo_generate(self.model, prompts, cfg, self.tok.eos_token_id)
+            out = generate(self.model, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                           self.tok.eos_token_id)
         completions = [ids for ids, _ in out]
         for s in samples:
             self.buffer.add_next(s)  # the position one move on: new positions for A: prompts
@@ -493,11 +495,6 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def grpo_generate(model, prompts, cfg, eos_id):
-    from mini.model import generate
-    return generate(model, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, eos_id)
-
 
 grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing loss
 
