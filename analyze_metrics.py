@@ -13,51 +13,72 @@ import sys
 
 TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
          "zero_var_share", "clip_frac", "grad_norm", "time_step"]
+KL_DRIFT = 0.2  # healthy runs in RESULTS.md stay under 0.05; the --lr 2e-4 run that degraded reached 0.3-0.4
 EVAL = ["eval_reward", "eval_reward_P", "eval_reward_A", "eval_P_invalid", "eval_P_best_legal", "eval_P_best_acc_pv1",
         "eval_P_top5_acc", "eval_A_invalid", "eval_A_next_state_exact", "eval_A_levenshtein"]
 
 
 def load_metrics(path):
-    """The rows of a run's metrics.jsonl (path: the file or the run directory), in step order."""
+    """The rows of a run's metrics.jsonl (path: the file or the run directory), in step order. A last
+    line cut off by a killed run is skipped; any other bad line is an error naming it."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.exists(path):
         raise ValueError(f"{path} does not exist; pass a run directory of mini/train.py or its metrics.jsonl")
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    rows = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+            row["step"]
+        except (ValueError, TypeError, KeyError):
+            if i == lines[-1][0]:
+                print(f"{path}:{i}: skipping the last line, cut off", file=sys.stderr)
+                continue
+            raise ValueError(f"{path}:{i}: not a step record of mini/train.py") from None
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path} is empty: the run logged no step yet")
     return sorted(rows, key=lambda r: r["step"])
 
 
+def mean_of(rows, key):
+    """Mean of key over the rows that have it (None if none does)."""
+    vals = [r[key] for r in rows if key in r]
+    return sum(vals) / len(vals) if vals else None
+
+
 def window_means(rows, keys, n_windows):
-    """[(first step, last step, {key: mean over the window's rows that have it})] over n equal windows."""
-    size = math.ceil(len(rows) / n_windows)
+    """[(first step, last step, {key: mean over the window's rows that have it})] over n_windows
+    windows of (nearly) equal size; fewer when there are fewer rows."""
+    n = min(n_windows, len(rows))
+    bounds = [round(i * len(rows) / n) for i in range(n + 1)]
     out = []
-    for i in range(0, len(rows), size):
-        w = rows[i:i + size]
-        means = {}
-        for k in keys:
-            vals = [r[k] for r in w if k in r]
-            if vals:
-                means[k] = sum(vals) / len(vals)
+    for a, b in zip(bounds, bounds[1:]):
+        w = rows[a:b]
+        means = {k: m for k in keys if (m := mean_of(w, k)) is not None}
         out.append((w[0]["step"], w[-1]["step"], means))
     return out
 
 
 def warnings(rows):
     """Plain sentences about what looks wrong in the run."""
-    out, last = [], rows[-max(1, len(rows) // 5):]  # the last fifth of the run
-    mean = lambda k, rs: sum(r.get(k, 0.0) for r in rs) / len(rs)
-    if mean("zero_var_share", last) > 0.5:
-        out.append(f"{mean('zero_var_share', last):.0%} of groups had equal rewards late in the run: they give no "
+    fifth = max(1, len(rows) // 5)
+    first, last = rows[:fifth], rows[-fifth:]
+    late = lambda k: mean_of(last, k) or 0.0
+    out = []
+    if any(not math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)):
+        out.append("some logged values are NaN or infinite")
+    if late("zero_var_share") > 0.5:
+        out.append(f"{late('zero_var_share'):.0%} of groups had equal rewards late in the run: they give no "
                    "gradient; raise --temperature or --k_samples, or the tasks are too easy or too hard")
-    if abs(mean("kl", last)) > 0.5:
-        out.append(f"KL to the start model is {mean('kl', last):.2f} late in the run: the policy drifts far; "
+    if late("kl") > KL_DRIFT:
+        out.append(f"KL to the start model is {late('kl'):.2f} late in the run: the policy drifts far; "
                    "lower --lr or raise --kl_coef (or --adaptive_kl)")
-    if mean("clip_frac", last) > 0.2:
-        out.append(f"{mean('clip_frac', last):.0%} of tokens clipped late in the run: updates are too large")
-    if len(rows) >= 10 and mean("reward_mean", last) <= mean("reward_mean", rows[:max(1, len(rows) // 5)]):
+    if late("clip_frac") > 0.2:
+        out.append(f"{late('clip_frac'):.0%} of tokens clipped late in the run: updates are too large")
+    if len(rows) >= 10 and (mean_of(last, "reward_mean") or 0.0) <= (mean_of(first, "reward_mean") or 0.0):
         out.append("the training reward did not rise from the first fifth of the run to the last")
     evals = [r for r in rows if "eval_reward" in r]
     if len(evals) >= 2 and evals[-1]["eval_reward"] < evals[0]["eval_reward"]:
@@ -76,19 +97,22 @@ def main(argv=None):
     p.add_argument("run", help="run directory (logs/<run_name>) or its metrics.jsonl")
     p.add_argument("--windows", type=int, default=10, help="number of step windows in the trend table")
     args = p.parse_args(argv)
+    if args.windows < 1:
+        p.error("--windows must be at least 1")
     try:
         rows = load_metrics(args.run)
     except (ValueError, json.JSONDecodeError) as e:
         sys.exit(f"analyze_metrics.py: {e}")
     keys = [k for k in TREND if any(k in r for r in rows)]
-    print(f"{len(rows)} steps, {sum(r.get('time_step', 0.0) for r in rows) / 60:.1f} min\n")
+    minutes = sum(r.get("time_step", 0.0) for r in rows) / 60
+    print(f"{len(rows)} steps" + (f", {minutes:.1f} min" if minutes else "") + "\n")
     print(table(["steps"] + keys, [[f"{a}-{b}"] + [f"{m[k]:.3f}" if k in m else "-" for k in keys]
                                    for a, b, m in window_means(rows, keys, args.windows)]))
     evals = [r for r in rows if "eval_reward" in r]
     if evals:
-        keys = [k for k in EVAL if k in evals[0]]
-        print("\nheld-out evaluation\n" + table(["step"] + keys, [[r["step"]] + [f"{r[k]:.3f}" for k in keys]
-                                                                  for r in evals]))
+        keys = [k for k in EVAL if any(k in r for r in evals)]
+        print("\nheld-out evaluation\n" + table(["step"] + keys, [[r["step"]] + [f"{r[k]:.3f}" if k in r else "-"
+                                                                                for k in keys] for r in evals]))
     for w in warnings(rows):
         print(f"warning: {w}")
 

@@ -158,17 +158,21 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
 
 def paired_bootstrap(before, after, n_boot=2000, seed=0):
     """Per metric of two per_sample_values dicts on the same prompts: (before, after, after - before,
-    2.5th and 97.5th percentile of the delta's bootstrap over prompts, n). Metrics pooled over matched
-    moves or valid completions only (the MAEs) are not paired prompt by prompt and are left out."""
-    rng = np.random.default_rng(seed)
-    rows = {}
+    2.5th and 97.5th percentile of the delta's bootstrap over prompts, n). Every metric of n values is
+    resampled with the same prompt draws (seeded by seed and n), so an interval does not depend on
+    which other metrics come with it. Metrics pooled over matched moves or valid completions only
+    (the MAEs) are not paired prompt by prompt and are left out."""
+    draws, rows = {}, {}
     for k in before:
         if k.endswith("_mae") or len(before[k]) != len(after.get(k, ())):
             continue
+        n = len(before[k])
+        if n not in draws:
+            draws[n] = np.random.default_rng([seed, n]).integers(0, n, (n_boot, n))
         d = np.array(after[k]) - np.array(before[k])
-        boot = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(1)
+        boot = d[draws[n]].mean(1)
         rows[k] = (float(np.mean(before[k])), float(np.mean(after[k])), float(d.mean()),
-                   float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), len(d))
+                   float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), n)
     return rows
 
 

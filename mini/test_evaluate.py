@@ -188,5 +188,18 @@ def test_paired_bootstrap_matches_the_normal_approximation():
     assert list(rows) == ["m"]  # MAEs are not paired prompt by prompt
 
 
+def test_paired_bootstrap_pairs_prompts_and_shares_draws():
+    """Every prompt gains exactly 0.1 on a before that varies from 0 to 1: paired, the delta has no
+    spread at all (an unpaired bootstrap would give an interval ~0.1 wide). A metric's interval is
+    the same whichever other metrics come with it."""
+    before = [i / 399 for i in range(400)]
+    rows = ev.paired_bootstrap({"m": before}, {"m": [x + 0.1 for x in before]})
+    _, _, d, lo, hi, _ = rows["m"]
+    assert (d, lo, hi) == pytest.approx((0.1, 0.1, 0.1))
+    x, y = [0.0, 1.0] * 100, [1.0, 1.0] * 100
+    alone = ev.paired_bootstrap({"x": x}, {"x": y})["x"]
+    assert ev.paired_bootstrap({"other": y, "x": x}, {"other": x, "x": y})["x"] == alone
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
