@@ -49,8 +49,9 @@ from huggingface_hub.utils import tqdm
 
 from mini.config import Config, autocast, resolve_device
 from mini.dataset import EVAL_PATH, legal_ucis, load_jsonl, load_text, parse_env, parse_policy, random_env_sample
+from mini.loader import LoadError, load_model
 from mini.model import generate
-from mini.reward_scorer import EVAL_CLIP, score_batch
+from mini.reward_scorer import clip, score_batch
 
 BATCH_SIZE = 64
 
@@ -80,10 +81,6 @@ def pv1_of(s):
     return s.best if s.best in top else top[0] if len(top) == 1 else None
 
 
-def clip(x, bound):
-    return max(-bound, min(bound, x))
-
-
 def policy_values(s, completion):
     """(name, value) pairs of one P: completion."""
     try:
@@ -99,7 +96,7 @@ def policy_values(s, completion):
         out.append(("best_acc_label" + suffix, best == s.best))
         if pv1:
             out.append(("best_acc_pv1" + suffix, best == pv1))
-    return out + [("eval_mae", abs(clip(named[m], EVAL_CLIP) - clip(label[m], EVAL_CLIP))) for m in matched]
+    return out + [("eval_mae", abs(clip(named[m]) - clip(label[m]))) for m in matched]
 
 
 def env_values(s, completion, comps):
@@ -126,8 +123,9 @@ def per_sample_values(samples, completions, shaping="continuous"):
     return dict(sorted(vals.items()))
 
 
-def metrics_from_completions(samples, completions, shaping="continuous"):
-    return {k: sum(v) / len(v) for k, v in per_sample_values(samples, completions, shaping).items()}
+def means(values):
+    """{metric name: mean} of per_sample_values."""
+    return {k: sum(v) / len(v) for k, v in values.items()}
 
 
 @torch.no_grad()
@@ -153,7 +151,7 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
              shaping="continuous", progress=False):
     """(metrics, completions): the RookWorld metrics and mean rewards of greedy completions."""
     completions = complete(model, tokenizer, samples, max_new_tokens, batch_size, autocast, progress)
-    return metrics_from_completions(samples, completions, shaping), completions
+    return means(per_sample_values(samples, completions, shaping)), completions
 
 
 def paired_bootstrap(before, after, n_boot=2000, seed=0):
@@ -187,7 +185,6 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
 
 
 def main(argv=None):
-    from mini.loader import LoadError, load_model
     cfg = Config()
     p = argparse.ArgumentParser(description="Greedy evaluation of a RookWorld snapshot on held-out P: and A: prompts.")
     p.add_argument("--model_path", help="snapshot directory or hub id")
@@ -222,7 +219,7 @@ def main(argv=None):
         sys.exit(f"evaluate.py: {e}")
     seconds = time.perf_counter() - t0
     values = per_sample_values(samples, completions, args.shaping)
-    metrics = {k: sum(v) / len(v) for k, v in values.items()}
+    metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():
         print(f"{k:28s} {v:9.4f} {len(values[k]):6d}")

@@ -55,8 +55,9 @@ def levenshtein(a, b):
     return prev[-1]
 
 
-def _clip(x):
-    return max(-EVAL_CLIP, min(EVAL_CLIP, x))
+def clip(x, bound=EVAL_CLIP):
+    """x clipped to [-bound, bound]; by default the eval clip, so a mate (+-999.x) cannot swamp an error."""
+    return max(-bound, min(bound, x))
 
 
 def policy_components(sample, completion):
@@ -70,7 +71,7 @@ def policy_components(sample, completion):
         best_score = LEGAL_BEST if best in legal else 0.0
     hits = [m for m in named if m in true_evals]
     illegal = sum(m not in legal for m in named)
-    errors = [abs(_clip(named[m]) - _clip(true_evals[m])) for m in hits]
+    errors = [abs(clip(named[m]) - clip(true_evals[m])) for m in hits]
     return {
         "best": best_score,
         "best_legal": float(best in legal),
