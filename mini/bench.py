@@ -12,7 +12,6 @@ the vocabulary projection only on completion tokens, where the loop applies it) 
 """
 import argparse
 import tempfile
-import time
 
 import torch
 
@@ -32,20 +31,11 @@ def sync(cuda):
 
 
 def grpo_step(tr):
-    """One training step by phases: (seconds per phase, completions, real tokens, completion tokens)."""
-    cuda, t = tr.cuda, [time.perf_counter()]
-    rows, prompts, completions = tr.rollout()
-    sync(cuda); t.append(time.perf_counter())
-    scoring = tr.scorer.submit(rows, [tr.tok.decode(c) for c in completions])
-    batch = tr.prepare(prompts, completions)
-    sync(cuda); t.append(time.perf_counter())
-    rewards = torch.tensor([r for r, _ in scoring()])
-    t.append(time.perf_counter())
-    tr.update(batch, [s.task for s in rows], rewards)
-    sync(cuda); t.append(time.perf_counter())
-    phases = dict(zip(("generate", "ref_logprobs", "score", "update"), (b - a for a, b in zip(t, t[1:]))))
-    mask, Tp = batch["mask"], batch["Tp"]
-    return phases, len(rows), int(mask.sum()), int(mask[:, Tp:].sum())
+    """Trainer.train_step, by phases: (seconds per phase, completions, real tokens, completion tokens)."""
+    m = tr.train_step()
+    phases = {k: m[f"time_{k}"] for k in ("generate", "ref_logprobs", "score", "update")}
+    tokens = m["prompt_tokens"] + m["completion_tokens"]
+    return phases, tr.cfg.batch_size * tr.cfg.k_samples, tokens, m["completion_tokens"]
 
 
 def main():

@@ -405,6 +405,7 @@ class Trainer:
                  f"(recovery {self.recoveries}/{MAX_RECOVERIES})")
 
     def train_step(self):
+        """One GRPO step; returns its metrics row (None when a bad step was rolled back)."""
         cfg, t0 = self.cfg, time.perf_counter()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -423,14 +424,15 @@ class Trainer:
         del batch
         if stats is None:
             self.recover("non-finite loss or gradient")
-            return
+            return None
         if cfg.adaptive_kl and "kl" in stats:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
         if self.cuda:
             torch.cuda.synchronize()
         t_end = time.perf_counter()
-        m = {"step": self.step, **stats, "completion_tokens": sum(map(len, completions)),
+        m = {"step": self.step, **stats, "prompt_tokens": sum(map(len, prompts)),
+             "completion_tokens": sum(map(len, completions)),
              "time_generate": t_gen - t0, "time_ref_logprobs": t_prep - t_gen, "time_score": t_score - t_prep,
              "time_update": t_end - t_score,
              "time_step": t_end - t0, "peak_mem_mb": peak_memory_mb(self.cuda)}
@@ -459,6 +461,7 @@ class Trainer:
             self.save_regular()
             self.save("recovery.pt")
             self.recoveries = 0
+        return m
 
     def run(self):
         self.resume()
