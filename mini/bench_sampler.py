@@ -13,14 +13,15 @@ import time
 import torch
 
 from mini.loader import save_model
-from mini.model import GPT, GPTConfig, _pad_left, generate
+from mini.model import GPT, GPTConfig
+from mini.sampler import generate, pad_left
 from mini.tokenizer import Tokenizer
 
 
 @torch.no_grad()
 def generate_full_recompute(model, prompts, max_new_tokens):
     """The naive baseline: every new token runs the whole sequence again (no cache), sampling at T=1."""
-    ids, mask = _pad_left(prompts, 50256, "cpu")
+    ids, mask = pad_left(prompts, 50256, "cpu")
     for _ in range(max_new_tokens):
         probs = torch.softmax(model(ids, mask)[:, -1].float(), -1)
         ids = torch.cat([ids, torch.multinomial(probs, 1)], 1)
@@ -59,7 +60,7 @@ def main():
         import transformers
         with tempfile.TemporaryDirectory() as d:
             hf = transformers.GPT2LMHeadModel.from_pretrained(save_model(model, Tokenizer.gpt2(), d)).eval()
-        ids, mask = _pad_left(prompts, 50256, "cpu")
+        ids, mask = pad_left(prompts, 50256, "cpu")
         hf_kwargs = dict(attention_mask=mask.long(), max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
                          do_sample=True, top_k=0, pad_token_id=50256)
         rows.append((f"transformers {transformers.__version__} generate", lambda: hf.generate(ids, **hf_kwargs)))

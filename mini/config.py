@@ -6,10 +6,7 @@ so a default lives in exactly one place:
     python mini/train.py --no_bf16 --kl_type k3
 """
 import argparse
-import contextlib
 from dataclasses import dataclass, field, fields
-
-import torch
 
 
 def opt(default, help, choices=None):
@@ -77,6 +74,7 @@ class Config:
     bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)")
     bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX")
     compile: bool = opt(False, "torch.compile the model on CUDA")
+    compile_decode: bool = opt(False, "torch.compile the static-shape decode step (CUDA graphs on CUDA)")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")
     memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device")
@@ -112,14 +110,3 @@ def parse_args(argv=None):
             p.add_argument(f"--{f.name}", type=type(default), choices=meta["choices"], help=meta["help"])
         p.set_defaults(**{f.name: default})
     return Config(**vars(p.parse_args(argv)))
-
-
-def resolve_device(name):
-    """cuda, cpu or auto (cuda when available)."""
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-
-
-def autocast(device, cfg):
-    """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
-    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
-    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()

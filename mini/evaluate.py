@@ -47,11 +47,12 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from mini.config import Config, autocast, resolve_device
+from mini.config import Config
 from mini.dataset import EVAL_PATH, legal_ucis, load_jsonl, load_text, parse_env, parse_policy, random_env_sample
 from mini.loader import LoadError, load_model
-from mini.model import generate
 from mini.reward_scorer import clip, score_batch
+from mini.runtime import autocast, resolve_device
+from mini.sampler import generate
 
 BATCH_SIZE = 64
 

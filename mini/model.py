@@ -1,6 +1,6 @@
 """
 GPT-2 in plain PyTorch, with the math of Hugging Face's GPT2LMHeadModel (pre-LN, tanh GELU, tied
-lm_head), left-padding-aware positions, a KV cache and a batched sampler for GRPO rollouts.
+lm_head) and left-padding-aware positions. Decoding with a KV cache lives in mini/sampler.py.
 
 Module names follow the Hugging Face checkpoint (transformer.h.0.attn.c_attn, ...), so loading is a
 key-for-key copy with the Conv1D weights transposed (see mini/loader.py).
@@ -68,26 +68,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class KVCache:
-    """Preallocated keys and values of every layer; `length` positions are filled."""
-
-    def __init__(self, cfg, batch_size, max_len, device, dtype):
-        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.length, self.layer = 0, 0
-
-    def append(self, k, v):  # called once per layer, in order, for each forward
-        T, i = k.shape[2], self.layer
-        self.k[i, :, :, self.length:self.length + T] = k
-        self.v[i, :, :, self.length:self.length + T] = v
-        self.layer = (i + 1) % self.k.shape[0]
-        end = self.length + T
-        if self.layer == 0:
-            self.length = end
-        return self.k[i, :, :, :end], self.v[i, :, :, :end]
-
-
 class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -117,6 +97,15 @@ class GPT(nn.Module):
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are one parameter, counted once
+
+    def configure_optimizers(self, weight_decay, lr, betas, device_type, extra=()):
+        """AdamW (fused on CUDA); decay on weight matrices only, never on biases, norms or embeddings.
+        extra: (name, parameter) pairs of other modules trained with the model (the value head)."""
+        params = list(self.named_parameters()) + list(extra)
+        decay = lambda n, p: p.dim() == 2 and "wte" not in n and "wpe" not in n
+        groups = [{"params": [p for n, p in params if decay(n, p)], "weight_decay": weight_decay},
+                  {"params": [p for n, p in params if not decay(n, p)], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type == "cuda" or None)
 
     def hidden(self, idx, attention_mask=None, cache=None, key_mask=None):
         """Final hidden states (B, T, C) after ln_f.
@@ -149,91 +138,3 @@ class GPT(nn.Module):
 
     def forward(self, idx, attention_mask=None):
         return self.lm_head(self.hidden(idx, attention_mask))  # (B, T, vocab)
-
-
-def _pad_left(seqs, pad_id, device):
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, T - len(s):] = True
-    return ids.to(device), mask.to(device)
-
-
-def sample_next(logits, temperature=1.0, top_k=0, generator=None):
-    """One token per row from softmax(logits / temperature), restricted to the top_k most likely
-    tokens when top_k > 0 (temperature 0: argmax), and its fp32 log-prob under that distribution.
-    Sampling inverts the CDF with one uniform number per row: exact, no host sync, and ~10x cheaper
-    on CPU than drawing a Gumbel or exponential variate for each of the 50257 logits."""
-    logits = logits.float()  # (N, V)
-    if temperature == 0:
-        nxt = logits.argmax(dim=-1)
-        return nxt, F.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0]
-    logits = logits / temperature
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    logp = F.log_softmax(logits, dim=-1)
-    cdf = logp.exp().cumsum(dim=-1)  # (N, V)
-    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
-    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=cdf.shape[-1] - 1)  # right: skips p = 0 tokens
-    return nxt, logp.gather(1, nxt[:, None])[:, 0]
-
-
-@torch.no_grad()
-def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50256, generator=None,
-             stop_check_every=4):
-    """Sample a completion for each prompt (a list of token-id lists) in one batch.
-
-    Returns a list of (completion_ids, logprobs): ids without the final EOS, and the fp32 log-prob of
-    each sampled id under the distribution it was drawn from (logits / temperature, restricted to the
-    top_k most likely tokens when top_k > 0). temperature 0 is greedy; its log-probs are those of the
-    untempered distribution. Identical prompts (a GRPO group) are prefilled once. Rows stop at EOS or
-    after max_new_tokens; the host checks for "all rows done" every `stop_check_every` tokens only.
-    """
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    unique = {tuple(p): i for i, p in enumerate(dict.fromkeys(tuple(p) for p in prompts))}
-    if any(len(p) == 0 for p in unique):
-        raise ValueError("generate got an empty prompt; every prompt needs at least one token")
-    row_of = torch.tensor([unique[tuple(p)] for p in prompts], device=device)  # (N,)
-    ids, mask = _pad_left([list(p) for p in unique], eos_id, device)  # (U, Tp)
-    U, Tp = ids.shape
-    N = len(prompts)
-    longest = max(len(p) for p in unique) + max_new_tokens
-    if longest > model.config.n_positions:
-        raise ValueError(f"a prompt plus max_new_tokens needs {longest} positions but the model has "
-                         f"{model.config.n_positions}; shorten the prompt or lower max_new_tokens")
-
-    # prefill each distinct prompt once, then copy its keys and values to the rows that share it
-    prefill = KVCache(model.config, U, Tp, device, dtype)
-    logits = model.lm_head(model.hidden(ids, key_mask=mask, cache=prefill)[:, -1])  # (U, vocab)
-    cache = KVCache(model.config, N, Tp + max_new_tokens, device, dtype)
-    cache.k[:, :, :, :Tp] = prefill.k[:, row_of]
-    cache.v[:, :, :, :Tp] = prefill.v[:, row_of]
-    cache.length = Tp
-    del prefill
-    logits, key_mask = logits[row_of], mask[row_of]  # (N, vocab), (N, Tp)
-
-    tokens = torch.full((N, max_new_tokens), eos_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(N, max_new_tokens, dtype=torch.float32, device=device)
-    finished = torch.zeros(N, dtype=torch.bool, device=device)
-    ones = torch.ones(N, 1, dtype=torch.bool, device=device)
-    for t in range(max_new_tokens):
-        nxt, logp = sample_next(logits, temperature, top_k, generator)
-        nxt = torch.where(finished, eos_id, nxt)  # (N,)
-        tokens[:, t] = nxt
-        logprobs[:, t] = logp.masked_fill(finished, 0.0)
-        finished |= nxt == eos_id
-        if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(finished.all())):
-            break
-        key_mask = torch.cat([key_mask, ones], dim=1)
-        logits = model.lm_head(model.hidden(nxt[:, None], key_mask=key_mask, cache=cache)[:, -1])
-
-    tokens, logprobs = tokens.cpu().tolist(), logprobs.cpu()
-    out = []
-    for i, row in enumerate(tokens):
-        n = row.index(eos_id) if eos_id in row else len(row)
-        out.append((row[:n], logprobs[i, :n]))
-    return out

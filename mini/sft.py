@@ -20,7 +20,7 @@ from the held-out eval set (mini/data/eval.jsonl) is ever trained on: samples on
 Each sequence is encode(prompt) + encode(completion) + [EOS], with no leading EOS because train.py and
 evaluate.py generate from encode(prompt) alone; the loss covers the completion tokens and the final
 EOS (the model must learn to stop), never the prompt. Rows are right-padded with an attention mask.
-The LR follows train.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
+The LR follows runtime.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
 one, so a time-limited run still ends on a decayed LR. logs/<run_name>/sft.log gets the log lines;
 logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 """
@@ -34,12 +34,12 @@ import time
 
 import torch
 
-from mini.config import autocast, parse_args, resolve_device
+from mini.config import parse_args
 from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, load_jsonl, load_samples, position_key
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.runtime import autocast, lr_factor, resolve_device
 from mini.tokenizer import Tokenizer
-from mini.train import build_optimizer, lr_factor
 
 LOG_EVERY = 10
 FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocabulary correction (see sft_loss)
@@ -119,7 +119,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     model.train()
-    optimizer = build_optimizer(model, None, cfg)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
     run_dir = os.path.join(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
     log_file = open(os.path.join(run_dir, "sft.log"), "a")

@@ -18,6 +18,7 @@ import mini.train as train
 from mini.config import Config
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.runtime import lr_factor
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
@@ -158,7 +159,7 @@ def test_sigterm_saves_a_checkpoint(tiny, tmp_path):
 
 def test_lr_schedule_by_hand():
     cfg = Config(steps=10, warmup_steps=2, decay_steps=2, min_lr_ratio=0.1)
-    f = [train.lr_factor(s, cfg) for s in range(10)]
+    f = [lr_factor(s, cfg) for s in range(10)]
     assert f[0] == 0.5 and f[1] == 1.0  # warmup applies to the first update
     assert f[2] == pytest.approx(1.0)  # cosine over steps 2..8 starts at the peak
     assert f[5] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 6)))
@@ -167,7 +168,7 @@ def test_lr_schedule_by_hand():
 
 def test_optimizer_groups():
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=8, vocab_size=10))
-    decay, no_decay = train.build_optimizer(model, None, Config(device="cpu")).param_groups
+    decay, no_decay = model.configure_optimizers(0.01, 1e-3, (0.9, 0.95), "cpu").param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert sorted(names[id(p)] for p in decay["params"]) == sorted(
         n for n, p in model.named_parameters() if n.endswith("weight") and "ln" not in n and "wte" not in n and "wpe" not in n)

@@ -15,22 +15,21 @@ import glob
 import json
 import math
 import os
-import random
-import resource
 import signal
 import sys
 import time
 
-import numpy as np
 import torch
 
 from mini import grpo
-from mini.config import autocast, parse_args, resolve_device
+from mini.config import parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
-from mini.model import generate
 from mini.reward_scorer import ScoringPool
+from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
+                          set_rng_state)
+from mini.sampler import generate
 
 MAX_RECOVERIES = 3
 
@@ -39,45 +38,7 @@ class StopRun(Exception):
     """Ends the run cleanly with a message (the state is saved first)."""
 
 
-# ----------------------------------------------------------------------------- optimisation
-
-def build_optimizer(model, value_head, cfg):
-    """AdamW; decay on the weight matrices of linear layers only, never on biases, norms, embeddings."""
-    params = list(model.named_parameters()) + ([("value_head." + n, p) for n, p in value_head.named_parameters()]
-                                               if value_head is not None else [])
-    decay = [p for n, p in params if p.dim() == 2 and "wte" not in n and "wpe" not in n]
-    no_decay = [p for n, p in params if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = resolve_device(cfg.device).type == "cuda" or None
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), fused=fused)
-
-
-def lr_factor(step, cfg):
-    """Multiplier of lr for the update of step `step` (0-based): linear warmup that already applies to
-    the first update, cosine down to min_lr_ratio, then a linear decay to 0 over the last decay_steps."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    cosine_end = cfg.steps - cfg.decay_steps
-    if step >= cosine_end:
-        return cfg.min_lr_ratio * (cfg.steps - step) / max(cfg.decay_steps, 1)
-    progress = (step - cfg.warmup_steps) / max(cosine_end - cfg.warmup_steps, 1)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 # ----------------------------------------------------------------------------- checkpoints
-
-def rng_state():
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s):
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
 
 def save_checkpoint(path, state):
     """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
@@ -126,7 +87,7 @@ class Trainer:
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self.seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
         self.run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
         self.run_dir = os.path.join(cfg.log_dir, self.run_name)
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
@@ -139,7 +100,9 @@ class Trainer:
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training forward may be compiled; generation keeps the eager model (its shapes change every token)
         self.train_hidden = torch.compile(self.model.hidden) if cfg.compile and self.cuda else self.model.hidden
-        self.optimizer = build_optimizer(self.model, self.value_head, cfg)
+        self.optimizer = self.model.configure_optimizers(
+            cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), self.device.type,
+            extra=self.value_head.named_parameters(prefix="value_head") if cfg.use_gae else ())
         self.lr_scale = 1.0  # the schedule's state is the step and this scale, halved by each recovery
         self.kl_ctl = grpo.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.baseline = grpo.RewardBaseline(cfg.baseline_type, cfg.ema_decay)
@@ -155,12 +118,6 @@ class Trainer:
         self.stop_signal = None
 
     # --- state
-    @staticmethod
-    def seed_everything(seed):
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
     def autocast(self):
         return autocast(self.device, self.cfg)
 
@@ -435,7 +392,7 @@ class Trainer:
              "completion_tokens": sum(map(len, completions)),
              "time_generate": t_gen - t0, "time_ref_logprobs": t_prep - t_gen, "time_score": t_score - t_prep,
              "time_update": t_end - t_score,
-             "time_step": t_end - t0, "peak_mem_mb": peak_memory_mb(self.cuda)}
+             "time_step": t_end - t0, "peak_mem_mb": peak_memory_mb(self.device)}
         m.update(reward_metrics(rows, rewards, scored))
         self.best_reward = max(self.best_reward, m["reward_mean"])
         if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
@@ -514,12 +471,6 @@ def find_batch_size(probe, start, capacity, fraction, max_batch=4096):
             break
         best, b = b, 2 * b
     return best, measured
-
-
-def peak_memory_mb(cuda):
-    if cuda:
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # high-water mark of the process
 
 
 def reward_metrics(rows, rewards, scored):

@@ -1,0 +1,60 @@
+"""
+The run-time plumbing that every script shares: device, bf16 autocast, the LR schedule, seeding
+and the random-number state that checkpoints carry.
+"""
+import contextlib
+import math
+import random
+import resource
+
+import numpy as np
+import torch
+
+
+def resolve_device(name):
+    """cuda, cpu or auto (cuda when available)."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
+def autocast(device, cfg):
+    """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
+    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
+    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
+
+
+def lr_factor(step, cfg):
+    """Multiplier of lr for the update of step `step` (0-based): linear warmup that already applies to
+    the first update, cosine down to min_lr_ratio, then a linear decay to 0 over the last decay_steps."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    cosine_end = cfg.steps - cfg.decay_steps
+    if step >= cosine_end:
+        return cfg.min_lr_ratio * (cfg.steps - step) / max(cfg.decay_steps, 1)
+    progress = (step - cfg.warmup_steps) / max(cosine_end - cfg.warmup_steps, 1)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state():
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def peak_memory_mb(device):
+    """Peak CUDA memory allocated since the last reset, or the process's high-water mark on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
