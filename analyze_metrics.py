@@ -1,6 +1,7 @@
 """
 Summarise a training run from its metrics.jsonl: the trend of the main signals over windows of steps,
-the held-out evaluations, and warnings for the failure modes of GRPO runs (shared LESSONS.md).
+the held-out evaluations, and warnings for the failure modes of GRPO runs (KL drift, equal-reward groups, clipping,
+flat reward, NaN).
 
     python analyze_metrics.py logs/demo-grpo                 # a run directory or its metrics.jsonl
     python analyze_metrics.py logs/demo-grpo --windows 5

@@ -3,7 +3,7 @@ Stockfish ground truth for the P: task, and the command that builds the shipped 
 
     python mini/annotate.py --pool 5000 --eval 500 --depth 10 --seed 0
 
-Positions come from mini/dataset.iter_positions. Random play leaves many lopsided positions, so a quick
+Positions come from mini/positions.iter_positions. Random play leaves many lopsided positions, so a quick
 search screens them: beyond --max_eval pawns a position is kept with probability 1/4 only. Each kept one
 gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
 move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
@@ -25,8 +25,8 @@ import chess
 import chess.engine
 from huggingface_hub.utils import tqdm
 
-from mini.config import Config
-from mini.dataset import EVAL_PATH, POOL_PATH, iter_positions
+from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.positions import iter_positions
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
 
@@ -179,7 +179,7 @@ def main(argv=None):
         labels = ann.annotate([fen for fen, _, _ in positions])
         meta = {"stockfish": ann.version(), "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool, "eval": a.eval,
                 "screen": f"depth={a.screen_depth}, |eval| > {a.max_eval} kept with p=0.25",
-                "generator": "mini.dataset.iter_positions",
+                "generator": "mini.positions.iter_positions",
                 "command": "python mini/annotate.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     write_jsonl(a.eval_path, meta, positions[:a.eval], labels)
     write_jsonl(a.pool_path, meta, positions[a.eval:], labels)

@@ -6,7 +6,12 @@ so a default lives in exactly one place:
     python mini/train.py --no_bf16 --kl_type k3
 """
 import argparse
+import os
 from dataclasses import dataclass, field, fields
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
+EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
 
 
 def opt(default, help, choices=None):

@@ -1,6 +1,6 @@
 """
 Held-out evaluation: greedy, batched completions scored with the RookWorld metric definitions
-(shared FORMATS.md) and the training reward. train.py calls evaluate() every eval_every steps.
+(mini/formats.py) and the training reward. train.py calls evaluate() every eval_every steps.
 
     python mini/evaluate.py --model_path logs/run/final                    # shipped eval set, Config().eval_n per task
     python mini/evaluate.py --model_path logs/run/final --n 500 --out logs/run/eval-500.json
@@ -22,7 +22,7 @@ P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <on
   best_acc_pv1      B: equals Stockfish's PV1, over the samples where PV1 is known: the labelled move with
                     the highest eval, a tie at the top going to the label when the label is in it (the shipped
                     data, where label = PV1, always) and leaving PV1 unknown otherwise. For a text line's
-                    Black positions it differs from the label (the generator's bug, FORMATS.md)
+                    Black positions it differs from the label (the generator's bug, see mini/formats.py)
   top5_acc          |set(M: generated) & set(M: label)| / |set(M: label)|, 5 unless the position has fewer
                     legal moves (then the label itself scores 1, the published definition divides by 5)
   top5_legal        share of a completion's distinct M: moves that are legal
@@ -47,8 +47,10 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from mini.config import Config
-from mini.dataset import EVAL_PATH, legal_ucis, load_jsonl, load_text, parse_env, parse_policy, random_env_sample
+from mini.config import EVAL_PATH, Config
+from mini.dataset import load_jsonl, load_text
+from mini.formats import legal_ucis, parse_env, parse_policy
+from mini.positions import random_env_sample
 from mini.loader import LoadError, load_model
 from mini.reward_scorer import clip, score_batch
 from mini.runtime import autocast, resolve_device

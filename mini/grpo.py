@@ -17,6 +17,7 @@ Papers: PPO (Schulman et al. 2017), GAE (Schulman et al. 2016), adaptive KL (Zie
 GRPO (Shao et al. 2024, DeepSeekMath eq. 3-4), DAPO (Yu et al. 2025), Dr. GRPO (Liu et al. 2025).
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -25,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _tempered(logits, temperature):
-    x = logits.float()  # fp32 log-probs (LESSONS.md: bf16 log_softmax gave KL != 0 at step 1)
+    x = logits.float()  # fp32 log-probs: a bf16 log_softmax gives KL != 0 at step 1 between identical models
     return x if temperature == 1.0 else x / temperature
 
 
@@ -87,8 +88,7 @@ def group_advantages(rewards, k, scale_rewards="group", baseline=None, eps=1e-4)
     s = 1.0 if scale_rewards == "none" else std[scale_rewards] + eps
     zero_var = r.amax(1) == r.amin(1)  # (G,)
     adv = torch.where(zero_var[:, None], 0.0, (r - b) / s)  # (G, K)
-    stats = {"zero_var_share": zero_var.float().mean().item(), "reward_mean": r.mean().item(),
-             "reward_std": r.std().item(), "adv_abs_mean": adv.abs().mean().item()}
+    stats = {"zero_var_share": zero_var.float().mean().item(), "adv_abs_mean": adv.abs().mean().item()}
     return adv.view(-1), stats
 
 
@@ -138,27 +138,27 @@ class RewardBaseline:
 
 # ----------------------------------------------------------------------------- losses
 
-def normalisers(mask, max_len=None):
+def normalisers(mask, budget=None):
     """Global denominators of a full rollout batch, given to the loss of each of its micro-batches:
-    n_seqs, n_tokens (real completion tokens), max_len (the longest completion; pass the generation
-    budget instead for Dr. GRPO's constant MAX_TOKENS)."""
-    lens = mask.sum(1)
-    return {"n_seqs": mask.size(0), "n_tokens": max(int(lens.sum()), 1), "max_len": max_len or max(int(lens.max()), 1)}
+    n_seqs, n_tokens (real completion tokens) and budget, Dr. GRPO's constant MAX_TOKENS: the generation
+    budget (max_new_tokens), the same for every batch whatever its completions' lengths (default: the
+    padded width T of mask)."""
+    return {"n_seqs": mask.size(0), "n_tokens": max(int(mask.sum()), 1), "budget": budget or mask.size(1)}
 
 
 def aggregate(x, mask, loss_type="grpo", norm=None):
     """A micro-batch's share of the full-batch mean of per-token terms x (N, T):
       grpo     (1/G) Σ_i (1/|o_i|) Σ_t x_it          (DeepSeekMath eq. 3)
-      dr_grpo  (1/(G·L)) Σ_i Σ_t x_it, L max length   (Dr. GRPO)
+      dr_grpo  (1/(G·L)) Σ_i Σ_t x_it, L the budget   (Dr. GRPO: a constant, so no length bias)
       dapo     (1/Σ_i |o_i|) Σ_i Σ_t x_it             (DAPO eq. 8, token level)
-    with G, L, Σ|o_i| from norm (default: this batch's own)."""
+    with G (rows), L, Σ|o_i| from norm (default: this batch's own)."""
     norm = norm or normalisers(mask)
     m = mask.bool()
     s = torch.where(m, x, 0.0).sum(1)  # (N,)
     if loss_type == "grpo":
         return (s / m.sum(1).clamp(min=1)).sum() / norm["n_seqs"]
     if loss_type == "dr_grpo":
-        return s.sum() / (norm["n_seqs"] * norm["max_len"])
+        return s.sum() / (norm["n_seqs"] * norm["budget"])
     if loss_type == "dapo":
         return s.sum() / norm["n_tokens"]
     raise ValueError(f"unknown loss_type {loss_type!r}")
@@ -250,37 +250,49 @@ def gae(reward, values, mask, gamma=1.0, lam=0.95):
 
 # ----------------------------------------------------------------------------- the loss of a micro-batch
 
-def grpo_loss(logits, ids, mask, adv, old_logp=None, ref_logits=None, ref_logp=None, norm=None, *,
-              temperature=1.0, clip_eps_low=0.2, clip_eps_high=0.2, loss_type="grpo", kl_type="k3",
-              kl_coef=0.0, entropy_coef=0.0, values=None, old_values=None, returns=None,
-              value_coef=0.1, value_clip=0.2):
+@dataclass
+class LossSettings:
+    """The constants of the loss (train.py fills them from Config; kl_coef is the step's β)."""
+    temperature: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    loss_type: str = "grpo"    # grpo | dr_grpo | dapo, see aggregate()
+    kl_type: str = "k3"        # k3 | forward | reverse | symmetric
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    value_coef: float = 0.1
+    value_clip: float = 0.2
+
+
+def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=None, ref_logits=None,
+              ref_logp=None, values=None, old_values=None, returns=None):
     """Loss of one micro-batch: policy + β·KL − c_H·entropy [+ c_V·value] (DeepSeekMath eq. 3-4).
     old_logp None: on-policy (first PPO epoch), old = current log-probs detached, so ρ = 1.
     KL: k3 needs ref_logp (or ref_logits), exact types need ref_logits; with neither it is skipped.
     Every term uses the global normalisers `norm` (default: this batch's own), so losses and
     metrics of the micro-batches sum to those of the full batch. Returns (loss, metrics of floats)."""
     norm = norm or normalisers(mask)
-    agg = lambda x: aggregate(x, mask, loss_type, norm)
+    agg = lambda x: aggregate(x, mask, s.loss_type, norm)
     grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
-    logp = token_logprobs(logits, ids, temperature)  # (N, T)
+    logp = token_logprobs(logits, ids, s.temperature)  # (N, T)
     pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
-                              clip_eps_low, clip_eps_high, loss_type, norm)
+                              s.clip_eps_low, s.clip_eps_high, s.loss_type, norm)
     loss = pl
     if ref_logp is not None or ref_logits is not None:
-        with grad_if(kl_coef):
-            if kl_type == "k3":
-                q = ref_logp if ref_logp is not None else token_logprobs(ref_logits, ids, temperature)
+        with grad_if(s.kl_coef):
+            if s.kl_type == "k3":
+                q = ref_logp if ref_logp is not None else token_logprobs(ref_logits, ids, s.temperature)
                 kl = agg(k3_kl(logp, q))
             else:
-                kl = agg(exact_kl(logits, ref_logits, kl_type, temperature))
-        loss = loss + kl_coef * kl
+                kl = agg(exact_kl(logits, ref_logits, s.kl_type, s.temperature))
+        loss = loss + s.kl_coef * kl
         metrics["kl"] = kl.item()
-    with grad_if(entropy_coef):
-        ent = agg(entropy(logits, temperature))
-    loss = loss - entropy_coef * ent
+    with grad_if(s.entropy_coef):
+        ent = agg(entropy(logits, s.temperature))
+    loss = loss - s.entropy_coef * ent
     if values is not None:
-        vl = value_loss(values, old_values, returns, mask, value_clip, loss_type, norm)
-        loss = loss + value_coef * vl
+        vl = value_loss(values, old_values, returns, mask, s.value_clip, s.loss_type, norm)
+        loss = loss + s.value_coef * vl
         metrics["value_loss"] = vl.item()
     metrics.update(loss=loss.item(), policy_loss=pl.item(), entropy=ent.item())
     return loss, metrics

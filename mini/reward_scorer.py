@@ -15,7 +15,7 @@ P: raw = 0.5 best + 0.3 candidates + 0.2 evals
                +-10 pawns first so that a mate (+-999.x) cannot swamp it; 0 when none is in the top 5
    The ranking is [sample.best] + the other labelled moves by eval. For shipped data best is Stockfish's
    PV1. For a RookWorld text line it is the line's B: label (for Black the generator's weakest move, see
-   FORMATS.md), so that a line's own completion scores exactly 1.0 against its own labels.
+   mini/formats.py), so that a line's own completion scores exactly 1.0 against its own labels.
 A: raw = 0.4 fen_exact + 0.2 fen_similarity + 0.2 reward_exact + 0.1 terminated_exact + 0.1 truncated_exact
    fen_similarity is 1 - normalized Levenshtein distance.
 
@@ -24,7 +24,7 @@ the components keep the unquantised raw.
 """
 import math
 
-from mini.dataset import legal_ucis, parse_env, parse_policy
+from mini.formats import legal_ucis, parse_env, parse_policy
 
 INVALID = -0.3
 GRADUATED = (0.2, 0.4, 0.6, 0.8, 1.0)

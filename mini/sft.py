@@ -34,8 +34,10 @@ import time
 
 import torch
 
-from mini.config import parse_args
-from mini.dataset import EVAL_PATH, ReplayBuffer, TaskSampler, iter_positions, load_jsonl, load_samples, position_key
+from mini.config import EVAL_PATH, parse_args
+from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_samples
+from mini.formats import position_key
+from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.runtime import autocast, lr_factor, resolve_device

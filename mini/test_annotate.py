@@ -8,7 +8,8 @@ import chess.engine
 import pytest
 
 from mini.annotate import Annotator, find_stockfish, main
-from mini.dataset import load_jsonl, position_key
+from mini.dataset import load_jsonl
+from mini.formats import position_key
 
 try:
     STOCKFISH = find_stockfish()

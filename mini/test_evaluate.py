@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import mini.evaluate as ev
-from mini.dataset import EVAL_PATH, parse_line
+from mini.config import EVAL_PATH
+from mini.formats import parse_line
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.reward_scorer import score
-from mini.test_dataset import A_LINES, P_LINES
+from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
 
 TOK = Tokenizer.gpt2()

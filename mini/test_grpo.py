@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 from torch.distributions import Categorical, kl_divergence
 
-from mini.grpo import (AdaptiveKLController, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
+from mini.grpo import (AdaptiveKLController, LossSettings, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
                        group_advantages, grpo_loss, k3_kl, kl_coef_at, normalisers, policy_loss, token_logprobs,
                        value_loss)
 
@@ -32,9 +32,9 @@ def naive_logp(logits, ids, i, t, temperature=1.0):
     return torch.log_softmax(logits[i, t] / temperature, -1)[ids[i, t]]
 
 
-def naive_weights(lens, loss_type):
-    """The weight of each real token in the aggregate, by loss type."""
-    N, L, n_tok = len(lens), max(lens), sum(lens)
+def naive_weights(lens, loss_type, budget=6):
+    """The weight of each real token in the aggregate, by loss type (budget: Dr. GRPO's constant, the padded T)."""
+    N, L, n_tok = len(lens), budget, sum(lens)
     return [{"grpo": 1 / (N * n), "dr_grpo": 1 / (N * L), "dapo": 1 / n_tok}[loss_type] for n in lens]
 
 
@@ -94,7 +94,7 @@ def test_zero_variance_group_gives_zero_gradient(baseline_type, scale):
     base(torch.tensor([0.0, 0.1, 0.2, 0.9, 0.5, 0.6, 0.7, 0.8]), tasks, 4)  # the EMA differs from 0.3
     adv, stats = group_advantages(rewards, 4, scale, baseline=base(rewards, tasks, 4))
     assert stats["zero_var_share"] == 0.5
-    loss, _ = grpo_loss(logits, ids, mask, adv, old_logp)  # ratios != 1, no KL or entropy term
+    loss, _ = grpo_loss(logits, ids, mask, adv, old_logp=old_logp)  # ratios != 1, no KL or entropy term
     loss.backward()
     assert logits.grad[4:].eq(0).all() and logits.grad[:4].abs().sum() > 0
 
@@ -137,6 +137,18 @@ def test_policy_loss_matches_naive_loop(loss_type):
     assert stats["clip_frac"] == pytest.approx(n_clip / sum(LENS)) and 0 < n_clip < sum(LENS)
 
 
+def test_dr_grpo_divides_by_the_generation_budget_by_hand():
+    """Dr. GRPO: Σ_i Σ_t x_it / (G · MAX_TOKENS), MAX_TOKENS the budget, not the batch's longest completion."""
+    x = torch.tensor([[1.0, 2.0, 0.0, 0.0], [3.0, 4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    assert aggregate(x, mask, "dr_grpo", normalisers(mask, budget=8)).item() == pytest.approx(21 / (2 * 8))
+    assert aggregate(x, mask, "dr_grpo").item() == pytest.approx(21 / (2 * 4))  # default: the padded width
+    short = mask[:, :2]  # the same rows trimmed: shorter completions must not change the denominator
+    assert aggregate(x[:, :2], short, "dr_grpo", normalisers(short, budget=8)).item() == pytest.approx(10 / 16)
+    assert aggregate(x, mask, "grpo").item() == pytest.approx((3 / 2 + 18 / 4) / 2)
+    assert aggregate(x, mask, "dapo").item() == pytest.approx(21 / 6)
+
+
 def test_aggregate_rejects_unknown_type():
     with pytest.raises(ValueError):
         aggregate(torch.ones(2, 3), torch.ones(2, 3), "sum")
@@ -149,18 +161,18 @@ def test_micro_batching_gives_same_loss_and_gradient(loss_type, kl_type):
     ref_logits = logits + 0.5 * torch.randn(logits.shape, generator=g)
     adv, _ = group_advantages(torch.rand(8, generator=g), 4)
     values0, returns = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
-    kw = dict(temperature=0.8, clip_eps_low=0.2, clip_eps_high=0.28, loss_type=loss_type, kl_type=kl_type,
-              kl_coef=0.1, entropy_coef=0.01, value_coef=0.1, value_clip=0.2)
+    s = LossSettings(temperature=0.8, clip_eps_low=0.2, clip_eps_high=0.28, loss_type=loss_type, kl_type=kl_type,
+                     kl_coef=0.1, entropy_coef=0.01, value_coef=0.1, value_clip=0.2)
 
     def run(rows_per_micro):
         x, v = logits.clone().requires_grad_(True), values0.clone().requires_grad_(True)
         norm, total, metrics = normalisers(mask), 0.0, {}
-        for s in range(0, 8, rows_per_micro):
-            r = slice(s, s + rows_per_micro)
+        for i in range(0, 8, rows_per_micro):
+            r = slice(i, i + rows_per_micro)
             T = int(mask[r].sum(1).max())  # each micro-batch trimmed to its own longest completion
-            loss, m = grpo_loss(x[r, :T], ids[r, :T], mask[r, :T], adv[r], old_logp[r, :T], ref_logits[r, :T],
-                                norm=norm, values=v[r, :T], old_values=values0[r, :T] + 0.1,
-                                returns=returns[r, :T], **kw)
+            loss, m = grpo_loss(x[r, :T], ids[r, :T], mask[r, :T], adv[r], s, norm, old_logp=old_logp[r, :T],
+                                ref_logits=ref_logits[r, :T], values=v[r, :T], old_values=values0[r, :T] + 0.1,
+                                returns=returns[r, :T])
             loss.backward()
             total += loss.item()
             metrics = {k: metrics.get(k, 0.0) + m[k] for k in m}
@@ -178,7 +190,8 @@ def test_grpo_loss_terms_and_on_policy_default():
     logits, ids, mask, _, g = batch()
     ref_logits = logits + 0.5 * torch.randn(logits.shape, generator=g)
     adv, _ = group_advantages(torch.rand(8, generator=g), 4)
-    loss, m = grpo_loss(logits, ids, mask, adv, ref_logits=ref_logits, kl_type="reverse", kl_coef=0.1, entropy_coef=0.01)
+    loss, m = grpo_loss(logits, ids, mask, adv, LossSettings(kl_type="reverse", kl_coef=0.1, entropy_coef=0.01),
+                        ref_logits=ref_logits)
     assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
     kl = aggregate(exact_kl(logits, ref_logits, "reverse"), mask)
     ent = aggregate(entropy(logits), mask)

@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mini.dataset import parse_line, policy_sample
+from mini.formats import parse_line, policy_sample
 from mini.reward_scorer import ScoringPool, score, score_batch
-from mini.test_dataset import A_LINES, P_LINES
+from mini.test_formats import A_LINES, P_LINES
 
 LEVELS = {-0.3, 0.2, 0.4, 0.6, 0.8, 1.0}
 

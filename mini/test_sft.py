@@ -11,7 +11,10 @@ import torch.nn.functional as F
 
 import mini.sft as sft
 from mini.config import parse_args
-from mini.dataset import EVAL_PATH, POOL_PATH, Sample, generate_positions, load_jsonl, position_key
+from mini.config import EVAL_PATH, POOL_PATH
+from mini.dataset import load_jsonl
+from mini.formats import Sample, position_key
+from mini.positions import generate_positions
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer

@@ -18,6 +18,7 @@ import mini.train as train
 from mini.config import Config
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.runs import load_checkpoint
 from mini.runtime import lr_factor
 from mini.tokenizer import Tokenizer
 
@@ -154,7 +155,7 @@ def test_sigterm_saves_a_checkpoint(tiny, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "SIGTERM received: checkpoint saved" in err
     saved = [f for f in os.listdir(tmp_path / "term" / "checkpoints") if f.startswith("step_")]
-    assert len(saved) == 1 and train.load_checkpoint(str(tmp_path / "term" / "checkpoints" / saved[0]))["step"] >= 1
+    assert len(saved) == 1 and load_checkpoint(str(tmp_path / "term" / "checkpoints" / saved[0]))["step"] >= 1
 
 
 def test_lr_schedule_by_hand():
@@ -189,11 +190,11 @@ def test_damaged_checkpoint_is_refused(tmp_path):
     path = tmp_path / "x.pt"
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="damaged"):
-        train.load_checkpoint(str(path))
+        load_checkpoint(str(path))
     torch.save({"model": {"w": torch.tensor([float("nan")])}, "optimizer": {}, "step": 1, "config": {},
                 "run_name": "x", "rng": {}}, path)
     with pytest.raises(ValueError, match="non-finite"):
-        train.load_checkpoint(str(path))
+        load_checkpoint(str(path))
 
 
 if __name__ == "__main__":

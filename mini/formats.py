@@ -1,0 +1,193 @@
+"""
+The RookWorld text formats, token for token as the model was pretrained on them, their parsers, and
+the python-chess ground truth of the A: task.
+
+P: (policy; labels from Stockfish MultiPV 5 at ~0.1 s a position)
+    "P: " + f"{fen:90}" + "M: " + f"{' '.join(moves):30}" + "E: " + f"{' '.join(evals):40}" + "B: " + best
+  - moves: Stockfish's top 5 first moves in UCI (fewer when fewer are legal), shuffled together with
+    their evals, so M:/E: order carries no rank: compare by move, never by index.
+  - evals: side to move's view in pawns, str(cp / 100) ("0.0", "-2.3"); mate in n is +-(1000 - n/100)
+    (mate_score=100000), e.g. 999.97, so any eval error must clip mates.
+  - B: in the published data is PV1 when White is to move but the LAST MultiPV line (the weakest of
+    the five) when Black is to move, a generator bug the model inherited. Rewards use Stockfish's PV1
+    for both colours; evaluation reports accuracy against the label and against PV1, by colour.
+  - Widths differ between sources (the validation file pads the FEN to 89, the generator to 90), so
+    parsers split on the markers. A generation prompt is "P: " + fen padded so that the last padding
+    space merges into the next token " M"; the completion is then "M: ... E: ... B: <move>" (~66 tokens).
+A: (environment)
+    "A: " + fen + "+" + move + "+" + " ".join(history) + "+" + new_fen + "+" + reward + "+" + terminated + "+" + truncated
+  - history: the last up to 10 half-moves in UCI, INCLUDING the current move as the last entry.
+  - The prompt is everything through the third "+" ("+" is always its own token); completion ~58 tokens.
+  - Ground truth of a legal move: new_fen = board.fen() after push; reward 1.0 if it mates, 0.5 if the
+    game is drawn (stalemate, insufficient material, 75-move rule, fivefold repetition), else 0.001;
+    terminated = game over; truncated = 0. An illegal or unparsable move leaves the FEN unchanged,
+    reward -1.0, terminated 0, truncated 1 (the original generator pushed pseudo-legal moves unchecked;
+    this code does not copy that).
+Tokens: GPT-2 BPE has no multi-space tokens, so every padding space is a token (id 220); EOS = 50256.
+"""
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import chess
+
+UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?\Z")
+
+
+@dataclass
+class Sample:
+    task: str                # "P" (policy) or "A" (environment)
+    fen: str
+    prompt: str
+    completion: str          # reference text after the prompt
+    # P: ground truth; best is Stockfish's PV1 for shipped data, the B: label for text lines
+    moves: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+    best: str = ""
+    history: list = field(default_factory=list)  # A: last half-moves incl. move; P: moves that led here
+    # A: ground truth
+    move: str = ""
+    next_fen: str = ""
+    reward: float = 0.0
+    terminated: int = 0
+    truncated: int = 0
+
+
+# ----------------------------------------------------------------------------- formats
+
+def policy_prompt(fen):
+    """'P: ' + fen padded to 90 columns, less the last space, which merges into the next token ' M'."""
+    return "P: " + fen + " " * max(89 - len(fen), 0)
+
+
+def policy_completion(moves, evals, best):
+    return " M: " + f"{' '.join(moves):30}" + "E: " + f"{' '.join(str(float(e)) for e in evals):40}" + "B: " + best
+
+
+def _history(history):
+    return history.split() if isinstance(history, str) else list(history)
+
+
+def env_prompt(fen, move, history):
+    return "A: " + fen + "+" + move + "+" + " ".join(_history(history)) + "+"
+
+
+def env_completion(fen, move, history=()):
+    """Ground truth of the A: task. history (which ends with move) cannot change the result:
+    fivefold repetition needs more than the 10 half-moves the format carries."""
+    board = chess.Board(fen)
+    try:
+        m = chess.Move.from_uci(move)
+    except ValueError:
+        m = None
+    if m is None or m not in board.legal_moves:  # illegal or unparsable: state unchanged, episode cut
+        return f"{fen}+-1.0+0+1"
+    board.push(m)
+    outcome = board.outcome()
+    reward = 1.0 if board.is_checkmate() else 0.5 if outcome else 0.001
+    return f"{board.fen()}+{reward}+{int(outcome is not None)}+0"
+
+
+@lru_cache(maxsize=4096)  # the k completions of a group share their position
+def legal_ucis(fen):
+    return frozenset(m.uci() for m in chess.Board(fen).legal_moves)
+
+
+def parse_policy(text):
+    """'M: m1 .. E: e1 .. B: b' -> (moves, evals, best). Raises ValueError saying what is wrong."""
+    m, e, b = text.find("M:"), text.find("E:"), text.find("B:")
+    if not 0 <= m < e < b or text[:m].strip():
+        raise ValueError("expected 'M: ... E: ... B: ...'")
+    moves, evals, best = text[m + 2:e].split(), text[e + 2:b].split(), text[b + 2:].split()
+    if not 1 <= len(moves) <= 5 or not all(UCI.match(x) for x in moves):
+        raise ValueError("M: needs 1 to 5 UCI moves")
+    if len(evals) != len(moves):
+        raise ValueError(f"{len(moves)} moves but {len(evals)} evals")
+    try:
+        evals = [float(x) for x in evals]
+    except ValueError:
+        raise ValueError("E: holds something that is not a number") from None
+    if not all(math.isfinite(x) for x in evals):
+        raise ValueError("E: holds a non-finite number")
+    if len(best) != 1 or not UCI.match(best[0]):
+        raise ValueError("B: needs exactly one UCI move")
+    return moves, evals, best[0]
+
+
+def parse_env(text):
+    """'new_fen+reward+terminated+truncated' -> (new_fen, reward, terminated, truncated)."""
+    parts = [p.strip() for p in text.strip().split("+")]
+    if len(parts) != 4:
+        raise ValueError(f"expected 4 '+' fields, got {len(parts)}")
+    fen, reward, terminated, truncated = parts
+    chess.Board(fen)  # ValueError on a FEN python-chess does not accept
+    try:
+        reward = float(reward)
+    except ValueError:
+        raise ValueError(f"reward {reward[:20]!r} is not a number") from None
+    if not math.isfinite(reward):
+        raise ValueError("reward is not finite")
+    if terminated not in ("0", "1") or truncated not in ("0", "1"):
+        raise ValueError("terminated and truncated must be 0 or 1")
+    return fen, reward, int(terminated), int(truncated)
+
+
+def policy_sample(fen, moves, evals, best=None, history=()):
+    """P: sample; moves ranked best first when best is None (Stockfish annotations)."""
+    best = best or moves[0]
+    return Sample("P", fen, policy_prompt(fen), policy_completion(moves, evals, best),
+                  moves=list(moves), evals=[float(e) for e in evals], best=best, history=list(history))
+
+
+def env_sample(fen, move, history):
+    """A: sample with python-chess ground truth."""
+    history = _history(history)
+    completion = env_completion(fen, move, history)
+    next_fen, reward, terminated, truncated = parse_env(completion)
+    return Sample("A", fen, env_prompt(fen, move, history), completion, history=history, move=move,
+                  next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
+
+
+def _board(fen):
+    try:
+        return chess.Board(fen)
+    except ValueError as e:
+        raise ValueError(f"bad FEN {fen[:90]!r}: {e}") from None
+
+
+def parse_line(text):
+    """One RookWorld text line (P:, or A: with or without its prefix) -> Sample with the line's labels."""
+    text = text.strip()
+    if text.startswith("P:"):
+        m = text.find("M:")
+        if m < 0:
+            raise ValueError("P: line without 'M:'")
+        fen = text[2:m].strip()
+        _board(fen)
+        moves, evals, best = parse_policy(text[m:])
+        for x in moves:
+            if x not in legal_ucis(fen):
+                raise ValueError(f"move {x} is illegal in the position")
+        if best not in moves:
+            raise ValueError(f"B: move {best} is not among the M: moves")
+        s = policy_sample(fen, moves, evals, best)
+        s.completion = " " + text[m:]  # the line's own spacing
+        return s
+    parts = (text[2:] if text.startswith("A:") else text).split("+")
+    if len(parts) != 7:
+        raise ValueError(f"neither a P: line nor an A: line with 7 '+' fields (got {len(parts)})")
+    fen, move, history = parts[0].strip(), parts[1].strip(), parts[2].split()
+    _board(fen)
+    completion = "+".join(p.strip() for p in parts[3:])
+    next_fen, reward, terminated, truncated = parse_env(completion)
+    return Sample("A", fen, env_prompt(fen, move, history), completion, history=history, move=move,
+                  next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
+
+
+def position_key(fen):
+    """Placement, side, castling, en passant: the same position with other move counters is a duplicate."""
+    return " ".join(fen.split()[:4])
+
+
+# ----------------------------------------------------------------------------- training sources
