@@ -8,6 +8,10 @@ search screens them: beyond --max_eval pawns a position is kept with probability
 gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
 move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
 results are cached on disk by FEN and limit.
+
+Annotator.move_losses judges moves instead: the centipawn loss of (fen, move) pairs against Stockfish's best
+at the same limit (mini/chess_eval.py's move quality; meant for an engine move reward too). Every engine
+call of either goes through Annotator._with_engine (the pool, restart after a crash).
 """
 import argparse
 import contextlib
@@ -26,8 +30,10 @@ import chess.engine
 from huggingface_hub.utils import tqdm
 
 from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.formats import legal_ucis
 from mini.positions import iter_positions
 
+CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
 
 
@@ -44,6 +50,11 @@ def find_stockfish(path=""):
 def to_pawns(score):
     """A side-to-move score in the data's convention: pawns, mate in n = +-(1000 - n/100)."""
     return score.relative.score(mate_score=100000) / 100
+
+
+def to_cp(score):
+    """A side-to-move score in centipawns, mate in n = +-(100000 - n): mates dwarf any material count."""
+    return score.relative.score(mate_score=100000)
 
 
 def _close(engine):
@@ -89,19 +100,59 @@ class Annotator:
             raise ValueError(f"no legal move to annotate in {fen}")
         return [i["pv"][0].uci() for i in infos], [to_pawns(i["score"]) for i in infos]
 
-    def _analyse(self, fen):
+    def _with_engine(self, work, fen):
+        """work(engine) on an idle engine of the pool: the one engine-call path of every analysis."""
         engine = self.idle.get()
         try:
             for _ in range(3):
                 try:
                     engine = engine or self._start()
-                    return self._search(engine, fen)
+                    return work(engine)
                 except (chess.engine.EngineError, CancelledError):  # the process died: restart it and try again
                     _close(engine)
                     engine = None
             raise RuntimeError(f"Stockfish failed 3 times on {fen}")
         finally:
             self.idle.put(engine)
+
+    def _analyse(self, fen):
+        return self._with_engine(lambda engine: self._search(engine, fen), fen)
+
+    def _move_loss(self, engine, fen, move):
+        """(best move, cp of the best move, cp of `move`), side to move's view, from two searches at the
+        same limit: the free one, and one restricted to `move` (root_moves), so both scores come from a
+        search of the same depth from the same root. A new game each time keeps it a function of the input."""
+        board = chess.Board(fen)
+        best = engine.analyse(board, self.limit, game=object())
+        best_move, best_cp = best["pv"][0].uci(), to_cp(best["score"])
+        if move == best_move:
+            return best_move, best_cp, best_cp
+        played = engine.analyse(board, self.limit, root_moves=[chess.Move.from_uci(move)], game=object())
+        return best_move, best_cp, to_cp(played["score"])
+
+    def _loss_record(self, pair, cap):
+        fen, move = pair
+        board = chess.Board(fen)
+        if board.is_game_over():
+            raise ValueError(f"no move to judge in a finished position: {fen}")
+        if move not in legal_ucis(fen):  # None, not UCI, or illegal: the worst loss, no search needed
+            return {"loss": cap, "best": None, "best_cp": None, "move_cp": None}
+        best, best_cp, move_cp = self._with_engine(lambda engine: self._move_loss(engine, fen, move), fen)
+        # a restricted search can score a move a little above the free one (search noise): no negative loss
+        return {"loss": min(cap, max(0, best_cp - move_cp)), "best": best, "best_cp": best_cp, "move_cp": move_cp}
+
+    def move_losses(self, pairs, cap=CP_CAP):
+        """Centipawn loss of each (fen, move): Stockfish's eval of its best move minus the eval of `move`,
+        both for the side to move, clipped to [0, cap] (a mate scores +-100000 cp, so a missed or allowed
+        mate costs the cap). A move that is None, not UCI or illegal costs the cap. Returns one dict per
+        pair: loss, best (Stockfish's move), best_cp and move_cp (None when the move was not searched)."""
+        with ThreadPoolExecutor(self.workers) as pool, \
+                tqdm(total=len(pairs), desc="move loss", disable=len(pairs) < 100) as bar:
+            out = []
+            for record in pool.map(lambda pair: self._loss_record(pair, cap), pairs):
+                out.append(record)
+                bar.update()
+        return out
 
     def annotate(self, fens):
         """{fen: (moves ranked PV1 first, evals)} for the given FENs."""

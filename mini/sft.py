@@ -15,7 +15,8 @@ On a 2-core machine that other jobs share, OMP_NUM_THREADS=1 is faster than torc
 Data: P: samples from the shipped pool (Stockfish labels) or a RookWorld text file; A: samples made by
 python-chess on the fly (a random move on a pool position, a freshly generated position, or a position
 one ply on from an earlier sample), so A: data never runs out. mix_env_ratio is the A: share. Nothing
-from the held-out eval set (mini/data/eval.jsonl) is ever trained on: samples on its positions are dropped.
+from the held-out eval set (mini/data/eval.jsonl) or the mate-in-one set (mini/data/mate_in_one.jsonl) is ever
+trained on: samples on their positions are dropped.
 
 Each sequence is encode(prompt) + encode(completion) + [EOS], with no leading EOS because train.py and
 evaluate.py generate from encode(prompt) alone; the loss covers the completion tokens and the final
@@ -34,6 +35,7 @@ import time
 
 import torch
 
+from mini.chess_eval import load_mates
 from mini.config import EVAL_PATH, parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_samples
 from mini.formats import position_key
@@ -52,6 +54,7 @@ class SFTData:
 
     def __init__(self, cfg):
         self.held_out = {position_key(s.fen) for s in load_jsonl(EVAL_PATH)}
+        self.held_out |= {position_key(r["fen"]) for r in load_mates()}  # the mate-in-one test set too
         samples = [s for s in load_samples(cfg) if self.clean(s.fen)]  # a text file may hold eval positions
         self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
         self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)

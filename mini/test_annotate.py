@@ -80,6 +80,30 @@ def test_engine_crash_is_restarted():
 
 
 @needs_stockfish
+def test_move_losses_agree_with_direct_engine_calls():
+    """loss = eval of the best move - eval of the move (a search restricted to it), side to move, in [0, cap]."""
+    pairs = [(FENS[1], "c8e6"), (FENS[2], "a6a8"), (FENS[3], "b3b7"), (FENS[3], "b3b9"), (FENS[0], None)]
+    with Annotator(depth=DEPTH, workers=2, cache_path="", multipv=1) as ann:
+        got = ann.move_losses(pairs, cap=1000)
+    engine = chess.engine.SimpleEngine.popen_uci(STOCKFISH)
+    try:
+        engine.configure({"Threads": 1})
+        for (fen, move), r in zip(pairs[:3], got):
+            board, limit = chess.Board(fen), chess.engine.Limit(depth=DEPTH)
+            best = engine.analyse(board, limit, game=object())
+            played = engine.analyse(board, limit, root_moves=[chess.Move.from_uci(move)], game=object())
+            best_cp, move_cp = (i["score"].relative.score(mate_score=100000) for i in (best, played))
+            assert r == {"loss": min(1000, max(0, best_cp - move_cp)), "best": best["pv"][0].uci(),
+                         "best_cp": best_cp, "move_cp": move_cp if move != best["pv"][0].uci() else best_cp}
+    finally:
+        engine.quit()
+    assert got[3]["loss"] == got[4]["loss"] == 1000 and got[3]["best"] is None  # not a legal move: the cap
+    mated = "R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1"
+    with Annotator(depth=DEPTH, workers=1, cache_path="") as ann, pytest.raises(ValueError, match="finished position"):
+        ann.move_losses([(mated, "g8h8")])
+
+
+@needs_stockfish
 def test_build_command_writes_disjoint_files(tmp_path):
     pool, held_out = str(tmp_path / "pool.jsonl"), str(tmp_path / "eval.jsonl")
     main(["--pool", "8", "--eval", "4", "--depth", "4", "--workers", "2", "--cache", "",

@@ -15,7 +15,8 @@ LAYERS = [
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
     "formats", "positions", "annotate", "dataset",  # RookWorld text, positions, Stockfish labels, prompt sources
     "reward_scorer", "grpo",               # rewards; the objective as tensor functions
-    "runs", "evaluate", "train",           # run directories; held-out metrics; the GRPO loop
+    "runs", "evaluate", "chess_eval",      # run directories; held-out metrics; chess skill
+    "train",                               # the GRPO loop
     "sft", "bench",                        # scripts
 ]
 SCRIPTS = {"sft", "bench"}  # entry points only (train, evaluate and annotate have a CLI and are imported too)

@@ -13,7 +13,8 @@ import mini.sft as sft
 from mini.config import parse_args
 from mini.config import EVAL_PATH, POOL_PATH
 from mini.dataset import load_jsonl
-from mini.formats import Sample, position_key
+from mini.chess_eval import load_mates
+from mini.formats import Sample, policy_sample, position_key
 from mini.positions import generate_positions
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
@@ -119,6 +120,18 @@ def test_sft_data_never_holds_an_eval_position(tmp_path):
     with open(path, "w") as f:
         f.write("\n".join(s.prompt + s.completion for s in (held_out[0], pool[0])) + "\n")
     data = sft.SFTData(parse_args(["--data_source", "file", "--data_file", path, "--mix_env_ratio", "0"]))
+    assert {s.fen for s in data.batch(32)} == {pool[0].fen}
+
+
+def test_sft_data_never_holds_a_mate_in_one_position(tmp_path):
+    mates = load_mates()
+    pool = load_jsonl(POOL_PATH)
+    path = os.path.join(tmp_path, "lines.txt")
+    mate = policy_sample(mates[0]["fen"], mates[0]["mates"][:1], [999.99])
+    with open(path, "w") as f:
+        f.write("\n".join(s.prompt + s.completion for s in (mate, pool[0])) + "\n")
+    data = sft.SFTData(parse_args(["--data_source", "file", "--data_file", path, "--mix_env_ratio", "0"]))
+    assert {position_key(r["fen"]) for r in mates} <= data.held_out
     assert {s.fen for s in data.batch(32)} == {pool[0].fen}
 
 

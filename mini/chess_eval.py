@@ -1,0 +1,563 @@
+"""
+Chess-skill evaluation of a RookWorld policy, after the RookWorld paper's own: checkmate in one, the
+centipawn loss of its moves, self-play length, games against Stockfish, and the arbiter (A: task) judged
+on the moves of real games.
+
+    python mini/chess_eval.py --model_path logs/run/final [--out chess.json]            # the whole suite
+    python mini/chess_eval.py --model_path logs/run/final --n_mates 100 --games 16 --sf_games 0   # a subset
+    python mini/chess_eval.py --compare before.json after.json               # paired 95% intervals
+    python mini/chess_eval.py --build_mates --n 1000 --seed 0                # regenerate mini/data/mate_in_one.jsonl
+    python -m pytest -q mini/test_chess_eval.py
+
+Everything the model is asked goes through a *player*: a function from a list of prompts to a list of
+completion texts (model_player wraps generate; the tests plug in scripted ones). Moves are read from a P:
+completion by policy_move: the first word after the last "B:" when it is a UCI move; M: and E: need not
+parse (evaluate.py measures the format), an answer without such a move is "invalid".
+
+1. mate in one (mini/data/mate_in_one.jsonl, every mating move listed): greedy B: is one of them.
+   chess_mate_acc, chess_mate_invalid, chess_mate_illegal (a UCI move that is not legal).
+2. move quality (Stockfish; skipped when absent) on the first --n_quality positions of the eval set:
+   centipawn loss of the greedy B: move against Stockfish's best at a fixed depth, one thread
+   (Annotator.move_losses), mover's view, clipped to [0, 1000]; an invalid or illegal move costs 1000.
+   chess_cpl (mean), chess_cpl_median, chess_blunder (share with loss >= 200).
+3. self-play: --games games of the policy against itself, even-numbered ones from the initial position,
+   odd ones from OPENINGS in turn, sampling at --temperature 0.6 and --top_k 5; all live games advance in one
+   batched call per half-move. A game ends at checkmate, a draw by the rules (claimable ones included:
+   threefold repetition, fifty moves), an illegal or unparseable move, or --max_plies legal half-moves.
+   chess_selfplay_plies (legal half-moves by the policy, mean), _median, chess_selfplay_legal_end (share
+   ended by the rules), chess_selfplay_end_<how> (share per ending).
+4. arbiter in the loop: every move the policy tried in self-play that is a UCI string (legal or not) becomes
+   an A: prompt, env_prompt(fen, move, last <= 10 half-moves including it), answered greedily; agreement with
+   python-chess (env_completion): chess_arbiter_all (next FEN, reward, terminated and truncated all right),
+   chess_arbiter_<field>. At most --arbiter_max transitions, the first ones game by game.
+5. games against Stockfish (skipped when absent): --sf_games games at Skill Level --sf_skill with --sf_nodes
+   nodes a move, the policy White in even-numbered games; the policy plays greedily (its best guess), and an
+   illegal or unparseable move loses. chess_sf_score (1 win, 0.5 draw, 0 loss; --max_plies ends in a draw),
+   chess_sf_win/draw/loss, chess_sf_plies. Stockfish below Skill Level 20 picks among its top moves with a
+   clock-seeded random number, so these games repeat only in distribution; --sf_skill 20 is deterministic.
+
+The JSON report keeps per-item values (per position, per game) under "values" and what they are under
+"items", so --compare pairs them by index (evaluate.paired_bootstrap). Arbiter metrics are per transition
+of each model's own games, which do not pair; --compare shows them without an interval.
+train.py's periodic evaluation can call quick_metrics(model, tok): 100 mate-in-one positions and 16
+self-play games (no arbiter, no Stockfish), a flat dict of chess_* means: 58 s for a random 1-layer model on
+2 busy CPU cores, which never emits EOS and so always runs to max_new_tokens; a trained model stops at ~66.
+The default suite on that model: 444 s (mate in one 325, move quality 94, self-play 17, Stockfish games 2).
+"""
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+
+import chess
+import chess.engine
+import torch
+from huggingface_hub.utils import tqdm
+
+from mini.annotate import Annotator, find_stockfish
+from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config
+from mini.evaluate import paired_bootstrap
+from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
+from mini.loader import LoadError, load_model
+from mini.positions import play
+from mini.runtime import autocast, resolve_device
+from mini.sampler import generate
+
+MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")
+BLUNDER_CP = 200
+LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
+              "threefold_repetition", "fifty_moves")
+# well-known openings in UCI, played from the initial position so that games have a history
+OPENINGS = {
+    "ruy_lopez": "e2e4 e7e5 g1f3 b8c6 f1b5 a7a6",
+    "sicilian_najdorf": "e2e4 c7c5 g1f3 d7d6 d2d4 c5d4 f3d4 g8f6 b1c3 a7a6",
+    "french": "e2e4 e7e6 d2d4 d7d5 b1c3 g8f6",
+    "caro_kann": "e2e4 c7c6 d2d4 d7d5 b1c3 d5e4 c3e4",
+    "queens_gambit_declined": "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6",
+    "kings_indian": "d2d4 g8f6 c2c4 g7g6 b1c3 f8g7 e2e4 d7d6",
+    "english": "c2c4 e7e5 b1c3 g8f6 g2g3",
+    "italian": "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3",
+}
+
+
+# ----------------------------------------------------------------------------- players and moves
+
+def model_player(model, tok, temperature=0.0, top_k=0, seed=0, max_new_tokens=96, batch_size=64, autocast=None):
+    """prompts -> completion texts of the model; one seeded generator for all calls, so a run repeats."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+
+    @torch.no_grad()
+    def player(prompts):
+        was_training = model.training
+        model.eval()
+        out = []
+        try:
+            for i in range(0, len(prompts), batch_size):
+                with autocast or contextlib.nullcontext():
+                    done = generate(model, [tok.encode(p) for p in prompts[i:i + batch_size]], max_new_tokens,
+                                    temperature=temperature, top_k=top_k, eos_id=tok.eos_token_id, generator=generator)
+                out += [tok.decode(ids) for ids, _ in done]
+        finally:
+            model.train(was_training)
+        return out
+    return player
+
+
+def policy_move(text):
+    """The B: move of a P: completion: the first word after the last 'B:' if it is a UCI move, else None."""
+    b = text.rfind("B:")
+    words = text[b + 2:].split() if b >= 0 else []
+    return words[0] if words and UCI.match(words[0]) else None
+
+
+def in_batches(player, prompts, batch_size=64, desc=""):
+    """player over prompts in chunks, with a progress bar when there is more than one chunk."""
+    out = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=len(prompts) <= batch_size):
+        out += player(prompts[i:i + batch_size])
+    return out
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# ----------------------------------------------------------------------------- 1. mate in one
+
+def mating_moves(board):
+    """Every move that checkmates, sorted UCI."""
+    out = []
+    for m in board.legal_moves:
+        if board.gives_check(m):  # cheap filter: a mate is a check
+            board.push(m)
+            if board.is_checkmate():
+                out.append(m.uci())
+            board.pop()
+    return sorted(out)
+
+
+def phase_of(board):
+    return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
+
+
+def build_mates(n, seed=0, max_plies=200, per_game=2, exclude=()):
+    """n distinct positions (by position_key, none in exclude) with a mate in one: plausible random games
+    (positions.play, capture bias drawn per game so that some games thin out into endgames) are played to
+    their end or max_plies, and up to per_game of each game's mate-in-one positions are kept, drawn at random,
+    so that no single game dominates."""
+    rng, seen, out = random.Random(seed), set(exclude), []
+    with tqdm(total=n, desc="mate-in-one positions") as bar:
+        while len(out) < n:
+            board, bias, found = chess.Board(), rng.choice([0.5, 1.0, 3.0]), []
+            while not board.is_game_over() and board.ply() < max_plies:
+                mates = mating_moves(board)
+                if mates and position_key(board.fen()) not in seen:
+                    found.append({"fen": board.fen(), "mates": mates, "phase": phase_of(board)})
+                play(board, rng, bias)
+            for r in rng.sample(found, min(per_game, len(found))):
+                if len(out) < n and position_key(r["fen"]) not in seen:
+                    seen.add(position_key(r["fen"]))
+                    out.append(r)
+                    bar.update()
+    return out
+
+
+def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
+    """position_key of every position in the shipped pool and eval set."""
+    keys = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            keys |= {position_key(r["fen"]) for r in map(json.loads, f) if "fen" in r}
+    return keys
+
+
+def write_mates(path, records, meta):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"meta": meta}) + "\n")
+        for r in records:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def load_mates(path=MATE_PATH, n=None):
+    """The first n records {fen, mates, phase} of a mate-in-one file (the header skipped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = [r for r in map(json.loads, f) if "fen" in r]
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); regenerate it with "
+                         "python mini/chess_eval.py --build_mates") from None
+    return records[:n]
+
+
+def mate_values(records, completions):
+    """Per position: mate (B: is a mating move), invalid (no B: move), illegal (a UCI move, not legal)."""
+    vals = {"chess_mate_acc": [], "chess_mate_invalid": [], "chess_mate_illegal": []}
+    for r, text in zip(records, completions, strict=True):
+        move = policy_move(text)
+        vals["chess_mate_acc"].append(float(move in r["mates"]))
+        vals["chess_mate_invalid"].append(float(move is None))
+        vals["chess_mate_illegal"].append(float(move is not None and move not in legal_ucis(r["fen"])))
+    return vals
+
+
+def eval_mates(player, records):
+    completions = in_batches(player, [policy_prompt(r["fen"]) for r in records], desc="mate in one")
+    return mate_values(records, completions), completions
+
+
+# ----------------------------------------------------------------------------- 2. move quality
+
+def quality_values(losses):
+    """Per position: chess_cpl (clipped centipawn loss) and chess_blunder (loss >= BLUNDER_CP)."""
+    return {"chess_cpl": [float(r["loss"]) for r in losses],
+            "chess_blunder": [float(r["loss"] >= BLUNDER_CP) for r in losses]}
+
+
+def eval_quality(player, fens, annotator):
+    completions = in_batches(player, [policy_prompt(f) for f in fens], desc="move quality")
+    losses = annotator.move_losses([(f, policy_move(c)) for f, c in zip(fens, completions)])
+    return quality_values(losses), [dict(r, fen=f, completion=c) for f, c, r in zip(fens, completions, losses)]
+
+
+# ----------------------------------------------------------------------------- 3. self-play and 5. arbiter
+
+def opening_board(name):
+    board = chess.Board()
+    for uci in OPENINGS[name].split() if name != "initial" else ():
+        board.push_uci(uci)
+    return board
+
+
+def game_starts(n):
+    """Even-numbered games from the initial position, odd ones from the openings in turn."""
+    names = list(OPENINGS)
+    return ["initial" if i % 2 == 0 else names[(i // 2) % len(names)] for i in range(n)]
+
+
+def policy_turn(board, text, game, max_plies):
+    """Play the move of one completion on board; set game["end"] when the game is over. The move, if UCI,
+    is recorded as an arbiter transition (fen, move, last <= 10 half-moves including it)."""
+    move, fen = policy_move(text), board.fen()
+    if move is None:
+        game["end"] = "unparseable"
+        return
+    game["transitions"].append((fen, move, [m.uci() for m in board.move_stack[-9:]] + [move]))
+    if move not in legal_ucis(fen):
+        game["end"] = "illegal"
+        return
+    board.push_uci(move)
+    game["plies"] += 1
+    outcome = board.outcome(claim_draw=True)
+    if outcome:
+        game["end"] = outcome.termination.name.lower()
+    elif game["plies"] >= max_plies:
+        game["end"] = "max_plies"
+
+
+def self_play(player, starts, max_plies=200):
+    """Games of the player against itself from the named starts; each half-move is one player call for
+    all live games. Returns one dict per game: start, plies (legal half-moves played), end, moves, transitions."""
+    boards = [opening_board(s) for s in starts]
+    games = [{"start": s, "plies": 0, "end": None, "transitions": []} for s in starts]
+    live = list(range(len(games)))
+    with tqdm(desc="self-play", unit="half-move", total=max_plies, disable=len(games) < 8) as bar:
+        while live:
+            completions = player([policy_prompt(boards[i].fen()) for i in live])
+            for i, text in zip(live, completions, strict=True):
+                policy_turn(boards[i], text, games[i], max_plies)
+            live = [i for i in live if games[i]["end"] is None]
+            bar.update()
+    for g, b in zip(games, boards):
+        g["moves"] = [m.uci() for m in b.move_stack]
+    return games
+
+
+def plies_histogram(plies, width=10):
+    """{'0-9': count, '10-19': ...} over the bins that occur."""
+    counts = Counter(p // width for p in plies)
+    return {f"{k * width}-{k * width + width - 1}": counts[k] for k in sorted(counts)}
+
+
+def selfplay_values(games):
+    return {"chess_selfplay_plies": [float(g["plies"]) for g in games],
+            "chess_selfplay_legal_end": [float(g["end"] in LEGAL_ENDS) for g in games]}
+
+
+def selfplay_summary(games):
+    """Means that are not per-game values: the median and the share of each way a game ended."""
+    ends = Counter(g["end"] for g in games)
+    out = {"chess_selfplay_plies_median": float(statistics.median(g["plies"] for g in games))}
+    out.update({f"chess_selfplay_end_{k}": v / len(games) for k, v in sorted(ends.items())})
+    return out
+
+
+ARBITER_FIELDS = ("next_fen", "reward", "terminated", "truncated")
+
+
+def arbiter_values(transitions, completions):
+    """Per transition: each field of the A: answer equal to python-chess's, and all four at once."""
+    vals = {f"chess_arbiter_{k}": [] for k in ("all",) + ARBITER_FIELDS}
+    for (fen, move, history), text in zip(transitions, completions, strict=True):
+        truth = parse_env(env_completion(fen, move, history))
+        try:
+            got = parse_env(text)
+        except ValueError:  # an answer that does not parse is wrong in every field
+            got = (None,) * 4
+        right = [a == b for a, b in zip(got, truth)]
+        for k, ok in zip(ARBITER_FIELDS, right):
+            vals[f"chess_arbiter_{k}"].append(float(ok))
+        vals["chess_arbiter_all"].append(float(all(right)))
+    return vals
+
+
+def eval_arbiter(arbiter, games, max_transitions=512):
+    transitions = [t for g in games for t in g["transitions"]][:max_transitions]
+    completions = in_batches(arbiter, [env_prompt(*t) for t in transitions], desc="arbiter")
+    return arbiter_values(transitions, completions), transitions
+
+
+# ----------------------------------------------------------------------------- 4. games against Stockfish
+
+def stockfish_games(player, n_games, stockfish_path="", skill=0, nodes=1000, max_plies=200):
+    """n_games of the player against Stockfish (one thread, Skill Level skill, nodes per move), the player
+    White in even-numbered games; the player's moves of all games waiting for it go in one call.
+    Returns one dict per game: white (the player's colour), score (1/0.5/0 for the player), plies, end, moves."""
+    engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(stockfish_path))
+    try:
+        engine.configure({"Threads": 1, "Skill Level": skill})
+        boards = [chess.Board() for _ in range(n_games)]
+        games = [{"white": i % 2 == 0, "score": None, "end": None, "plies": 0, "transitions": []} for i in range(n_games)]
+        live = list(range(n_games))
+        while live:
+            for i in live:  # Stockfish moves wherever it is its turn
+                if boards[i].turn != games[i]["white"]:
+                    boards[i].push(engine.play(boards[i], chess.engine.Limit(nodes=nodes), game=i).move)
+                    end_if_over(boards[i], games[i], max_plies)
+            mine = [i for i in live if games[i]["end"] is None]
+            for i, text in zip(mine, player([policy_prompt(boards[i].fen()) for i in mine]), strict=True):
+                policy_turn(boards[i], text, games[i], 10 ** 9)
+                if games[i]["end"] in ("illegal", "unparseable"):
+                    games[i]["score"] = 0.0
+                else:
+                    end_if_over(boards[i], games[i], max_plies)
+            live = [i for i in live if games[i]["end"] is None]
+    finally:
+        engine.quit()
+    for g, b in zip(games, boards):
+        g["plies"], g["moves"] = len(b.move_stack), [m.uci() for m in b.move_stack]
+        del g["transitions"]
+    return games
+
+
+def end_if_over(board, game, max_plies):
+    """Score a game that the last move ended: by the rules, or a draw at max_plies half-moves."""
+    outcome = board.outcome(claim_draw=True)
+    if outcome:
+        game["end"] = outcome.termination.name.lower()
+        game["score"] = 0.5 if outcome.winner is None else float(outcome.winner == game["white"])
+    elif len(board.move_stack) >= max_plies:
+        game["end"], game["score"] = "max_plies", 0.5
+
+
+def stockfish_values(games):
+    return {"chess_sf_score": [g["score"] for g in games], "chess_sf_plies": [float(g["plies"]) for g in games],
+            "chess_sf_win": [float(g["score"] == 1) for g in games],
+            "chess_sf_draw": [float(g["score"] == 0.5) for g in games],
+            "chess_sf_loss": [float(g["score"] == 0) for g in games]}
+
+
+# ----------------------------------------------------------------------------- the suite
+
+def stockfish_or_reason(path):
+    """(binary, None) or (None, one sentence why the engine sections are skipped)."""
+    try:
+        return find_stockfish(path), None
+    except FileNotFoundError as e:
+        return None, f"skipped: {e}"
+
+
+def run_suite(greedy, sampler, a):
+    """The report of every section that a's settings ask for. greedy answers P: and A: prompts greedily,
+    sampler answers P: prompts by sampling (self-play); both are players."""
+    values, metrics, report, seconds = {}, {}, {"skipped": {}}, {}
+    t = time.perf_counter()
+    if a.n_mates:
+        mates = load_mates(a.mates_path, a.n_mates)
+        vals, completions = eval_mates(greedy, mates)
+        values.update(vals)
+        report["mate_in_one"] = [dict(r, completion=c) for r, c in zip(mates, completions)]
+        seconds["mate_in_one"], t = time.perf_counter() - t, time.perf_counter()
+    if a.n_quality:
+        binary, reason = stockfish_or_reason(a.stockfish_path)
+        if binary:
+            with open(EVAL_PATH, encoding="utf-8") as f:
+                fens = [r["fen"] for r in map(json.loads, f) if "fen" in r][:a.n_quality]
+            with Annotator(binary, depth=a.sf_depth, workers=a.workers, cache_path="", multipv=1) as ann:
+                vals, report["move_quality"] = eval_quality(greedy, fens, ann)
+            values.update(vals)
+            metrics["chess_cpl_median"] = float(statistics.median(vals["chess_cpl"]))
+        else:
+            report["skipped"]["move_quality"] = reason
+        seconds["move_quality"], t = time.perf_counter() - t, time.perf_counter()
+    if a.games:
+        games = self_play(sampler, game_starts(a.games), a.max_plies)
+        values.update(selfplay_values(games))
+        metrics.update(selfplay_summary(games))
+        report["selfplay_plies_histogram"] = plies_histogram([g["plies"] for g in games])
+        seconds["selfplay"], t = time.perf_counter() - t, time.perf_counter()
+        if a.arbiter_max:
+            vals, transitions = eval_arbiter(greedy, games, a.arbiter_max)
+            metrics.update({k: mean(v) for k, v in vals.items() if v})
+            metrics["chess_arbiter_n"] = len(transitions)
+            report["arbiter_values"] = vals  # per transition of this model's games: not paired across models
+            seconds["arbiter"], t = time.perf_counter() - t, time.perf_counter()
+        for g in games:
+            g["transitions"] = len(g["transitions"])
+        report["selfplay"] = games
+    if a.sf_games:
+        binary, reason = stockfish_or_reason(a.stockfish_path)
+        if binary:
+            report["stockfish_games"] = stockfish_games(greedy, a.sf_games, binary, a.sf_skill, a.sf_nodes, a.max_plies)
+            values.update(stockfish_values(report["stockfish_games"]))
+        else:
+            report["skipped"]["stockfish_games"] = reason
+        seconds["stockfish_games"] = time.perf_counter() - t
+    metrics.update({k: mean(v) for k, v in values.items()})
+    report.update(metrics=dict(sorted(metrics.items())), values=values, seconds=seconds,
+                  items=items_of(report))
+    return report
+
+
+def items_of(report):
+    """What each per-item value is about, so that --compare pairs only reports on the same items."""
+    return {"mate_in_one": [r["fen"] for r in report.get("mate_in_one", [])],
+            "move_quality": [r["fen"] for r in report.get("move_quality", [])],
+            "selfplay": [g["start"] for g in report.get("selfplay", [])],
+            "stockfish_games": [g["white"] for g in report.get("stockfish_games", [])]}
+
+
+def quick_metrics(model, tok, n_mates=100, n_games=16, max_plies=100, temperature=0.6, top_k=5, seed=0,
+                  max_new_tokens=96, autocast=None):
+    """The cheap subset for train.py's periodic evaluation: mate in one on the first n_mates positions and
+    n_games self-play games (no arbiter, no Stockfish), as a flat dict of chess_* means."""
+    greedy = model_player(model, tok, 0.0, 0, seed, max_new_tokens, autocast=autocast)
+    sampler = model_player(model, tok, temperature, top_k, seed, max_new_tokens, autocast=autocast)
+    a = argparse.Namespace(n_mates=n_mates, mates_path=MATE_PATH, n_quality=0, games=n_games, max_plies=max_plies,
+                           arbiter_max=0, sf_games=0)
+    return run_suite(greedy, sampler, a)["metrics"]
+
+
+def compare(before_json, after_json, n_boot=2000, seed=0):
+    """(paired rows of evaluate.paired_bootstrap, unpaired rows (before, after, delta)) of two reports."""
+    reports = [json.load(open(p)) for p in (before_json, after_json)]
+    if any(r.get("suite") != "chess" for r in reports):
+        raise ValueError("both reports must come from the chess suite (mini/chess_eval.py)")
+    for name, items in reports[0]["items"].items():
+        if items and reports[1]["items"].get(name) and items != reports[1]["items"][name]:
+            raise ValueError(f"the two reports' {name} items differ; run both with the same counts and data")
+    paired = paired_bootstrap(reports[0]["values"], reports[1]["values"], n_boot, seed)
+    unpaired = {k: (v, reports[1]["metrics"][k], reports[1]["metrics"][k] - v)
+                for k, v in reports[0]["metrics"].items() if k not in paired and k in reports[1]["metrics"]}
+    return paired, unpaired
+
+
+def print_table(report):
+    print(f"{'metric':34s} {'value':>10s} {'n':>6s}")
+    for k, v in report["metrics"].items():
+        n = len(report["values"].get(k, report.get("arbiter_values", {}).get(k, ())))
+        print(f"{k:34s} {v:10.4f} {n or '':>6}")
+    if "selfplay_plies_histogram" in report:
+        print("self-play legal half-moves: " + ", ".join(f"{k}: {v}" for k, v in report["selfplay_plies_histogram"].items()))
+    for name, reason in report["skipped"].items():
+        print(f"{name}: {reason}")
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items()))
+
+
+def parse_args(argv):
+    cfg = Config()
+    p = argparse.ArgumentParser(description="Chess-skill evaluation of a RookWorld snapshot (see the module docstring).")
+    p.add_argument("--model_path", help="snapshot directory or hub id")
+    p.add_argument("--out", default="", help="JSON report (default: chess.json in the model directory)")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two chess JSON reports: deltas with paired CIs")
+    p.add_argument("--build_mates", action="store_true", help="regenerate the mate-in-one file and exit")
+    p.add_argument("--n", type=int, default=1000, help="with --build_mates: positions")
+    p.add_argument("--seed", type=int, default=0, help="seed of --build_mates, and of self-play sampling")
+    p.add_argument("--mates_path", default=MATE_PATH)
+    p.add_argument("--n_mates", type=int, default=1000, help="mate-in-one positions (0: skip)")
+    p.add_argument("--n_quality", type=int, default=200, help="eval-set positions for the centipawn loss (0: skip)")
+    p.add_argument("--games", type=int, default=32, help="self-play games (0: skip, with the arbiter)")
+    p.add_argument("--max_plies", type=int, default=200, help="half-move cap of a game")
+    p.add_argument("--temperature", type=float, default=0.6, help="self-play sampling temperature")
+    p.add_argument("--top_k", type=int, default=5, help="self-play top-k")
+    p.add_argument("--arbiter_max", type=int, default=512, help="A: prompts on self-play transitions (0: skip)")
+    p.add_argument("--sf_games", type=int, default=8, help="games against Stockfish (0: skip)")
+    p.add_argument("--sf_skill", type=int, default=0, help="Stockfish Skill Level (0-20)")
+    p.add_argument("--sf_nodes", type=int, default=1000, help="Stockfish nodes per move")
+    p.add_argument("--sf_depth", type=int, default=8, help="Stockfish depth of the centipawn loss")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes for the centipawn loss")
+    p.add_argument("--stockfish_path", default=cfg.stockfish_path)
+    p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
+    return p, p.parse_args(argv)
+
+
+def main(argv=None):
+    p, a = parse_args(argv)
+    if a.build_mates:
+        return build_command(a, argv)
+    if a.compare:
+        try:
+            paired, unpaired = compare(*a.compare)
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"chess_eval.py: {e}")
+        print(f"{'metric':34s} {'before':>9s} {'after':>9s} {'delta':>9s} {'95% CI of delta':>22s} {'n':>5s}")
+        for k, (b0, a0, d, lo, hi, n) in paired.items():
+            print(f"{k:34s} {b0:9.4f} {a0:9.4f} {d:+9.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>22s} {n:5d}")
+        for k, (b0, a0, d) in unpaired.items():
+            print(f"{k:34s} {b0:9.4f} {a0:9.4f} {d:+9.4f} {'(not paired)':>22s}")
+        return
+    if not a.model_path:
+        p.error("--model_path is required (or --compare BEFORE AFTER, or --build_mates)")
+    device = resolve_device(a.device)
+    try:
+        model, tok = load_model(a.model_path, device)
+        ctx = autocast(device, Config())
+        greedy = model_player(model, tok, 0.0, 0, a.seed, a.max_new_tokens, a.batch_size, ctx)
+        sampler = model_player(model, tok, a.temperature, a.top_k, a.seed, a.max_new_tokens, a.batch_size, ctx)
+        t0 = time.perf_counter()
+        report = run_suite(greedy, sampler, a)
+    except (LoadError, OSError, ValueError) as e:
+        sys.exit(f"chess_eval.py: {e}")
+    report = {"suite": "chess", "model_path": a.model_path, "settings": vars(a),
+              "total_seconds": time.perf_counter() - t0, **report}
+    print_table(report)
+    out = a.out or os.path.join(a.model_path if os.path.isdir(a.model_path) else ".", "chess.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {out} ({report['total_seconds']:.0f} s)")
+
+
+def build_command(a, argv):
+    t0 = time.time()
+    records = build_mates(a.n, a.seed, exclude=shipped_keys())
+    phases = Counter(r["phase"] for r in records)
+    meta = {"n": len(records), "seed": a.seed, "generator": "mini.chess_eval.build_mates (positions.play games, "
+            "up to 2 mate-in-one positions a game, none in pool.jsonl or eval.jsonl)",
+            "phases": dict(sorted(phases.items())),
+            "white_to_move": sum(r["fen"].split()[1] == "w" for r in records),
+            "command": "python mini/chess_eval.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    write_mates(a.mates_path, records, meta)
+    print(f"wrote {len(records)} mate-in-one positions to {a.mates_path} in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Chess-skill suite: scripted players score what they must, hand-checked centipawn losses, the shipped
+mate-in-one file re-checked independently, the CLI end to end on a tiny random GPT.
+
+    python -m pytest -q mini/test_chess_eval.py
+"""
+import json
+import os
+import subprocess
+import sys
+
+import chess
+import pytest
+import torch
+
+import mini.chess_eval as ce
+from mini.annotate import Annotator, find_stockfish
+from mini.config import EVAL_PATH, POOL_PATH
+from mini.formats import env_completion, position_key
+from mini.loader import load_model, save_model
+from mini.model import GPT, GPTConfig
+from mini.tokenizer import Tokenizer
+
+try:
+    STOCKFISH = find_stockfish()
+except FileNotFoundError:
+    STOCKFISH = None
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="Stockfish binary not found (apt-get install stockfish)")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ce.__file__)))
+
+# hand-made mate-in-one records: back-rank mate (one mate), and a position with two mating moves
+MATES = [{"fen": "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", "mates": ["a1a8"]},
+         {"fen": "k7/8/1K6/8/8/8/8/2R4R w - - 0 1", "mates": ["c1c8", "h1h8"]}]
+
+
+def fen_of(prompt):
+    return prompt[3:].strip()  # "P: " + fen + padding
+
+
+def answering(move_of):
+    """A scripted player: P: prompt -> a completion whose B: move is move_of(board)."""
+    return lambda prompts: [f" M: e2e4 E: 0.1 B: {move_of(chess.Board(fen_of(p)))}" for p in prompts]
+
+
+def first_legal(board):
+    return min(m.uci() for m in board.legal_moves)
+
+
+def perfect_arbiter(prompts):
+    """python-chess itself answering A: prompts 'A: fen+move+history+'."""
+    out = []
+    for p in prompts:
+        fen, move, history, _ = p[3:].split("+")
+        out.append(env_completion(fen, move, history.split()))
+    return out
+
+
+def test_hand_made_mates_are_right():
+    for r in MATES:
+        assert ce.mating_moves(chess.Board(r["fen"])) == r["mates"]
+
+
+def test_mate_in_one_scores():
+    mates = {r["fen"]: r["mates"] for r in MATES}
+    vals, _ = ce.eval_mates(answering(lambda b: mates[b.fen()][0]), MATES)
+    assert vals == {"chess_mate_acc": [1.0, 1.0], "chess_mate_invalid": [0.0, 0.0], "chess_mate_illegal": [0.0, 0.0]}
+    non_mating = lambda b: next(m.uci() for m in b.legal_moves if m.uci() not in mates[b.fen()])
+    assert ce.eval_mates(answering(non_mating), MATES)[0]["chess_mate_acc"] == [0.0, 0.0]
+    # an illegal move, and a completion without a B: move
+    vals = ce.mate_values(MATES, [" M: a1a8 E: 1.0 B: a1h8", " M: c1c8 E: 999.99"])
+    assert vals == {"chess_mate_acc": [0.0, 0.0], "chess_mate_invalid": [0.0, 1.0], "chess_mate_illegal": [1.0, 0.0]}
+
+
+def test_policy_move_is_the_word_after_the_last_b():
+    assert ce.policy_move(" M: e2e4 E: 0.3 B: e2e4") == "e2e4"
+    assert ce.policy_move("garbage B: e7e8q trailing") == "e7e8q"  # M:/E: need not parse
+    assert ce.policy_move(" M: e2e4 E: 0.3 B: Nf3") is None and ce.policy_move("B:") is None and ce.policy_move("") is None
+
+
+def test_selfplay_illegal_move_at_half_move_7_leaves_6():
+    def move_of(board):
+        return "e1e8" if board.ply() == 6 else first_legal(board)  # ply() counts from the initial position
+    games = ce.self_play(answering(move_of), ["initial", "initial"], max_plies=200)
+    for g in games:
+        assert g["plies"] == 6 and g["end"] == "illegal" and len(g["transitions"]) == 7
+        assert g["transitions"][-1][1] == "e1e8" and g["transitions"][-1][2][-1] == "e1e8"
+    assert ce.selfplay_values(games) == {"chess_selfplay_plies": [6.0, 6.0], "chess_selfplay_legal_end": [0.0, 0.0]}
+
+
+def test_selfplay_ends_and_summary():
+    calls = []
+
+    def player(prompts):
+        calls.append(len(prompts))
+        return answering(lambda b: "zzz" if b.fen() == chess.STARTING_FEN else first_legal(b))(prompts)
+    starts = ["initial", "ruy_lopez", "initial", "french"]
+    games = ce.self_play(player, starts, max_plies=5)
+    assert [g["end"] for g in games] == ["unparseable", "max_plies", "unparseable", "max_plies"]
+    assert [g["plies"] for g in games] == [0, 5, 0, 5]
+    assert calls == [4, 2, 2, 2, 2]  # one batched call per half-move for all live games
+    assert games[1]["moves"][:6] == ce.OPENINGS["ruy_lopez"].split()
+    summary = ce.selfplay_summary(games)
+    assert summary == {"chess_selfplay_plies_median": 2.5, "chess_selfplay_end_max_plies": 0.5,
+                       "chess_selfplay_end_unparseable": 0.5}
+    assert ce.plies_histogram([0, 5, 9, 10, 37]) == {"0-9": 3, "10-19": 1, "30-39": 1}
+    assert ce.game_starts(4) == ["initial", "ruy_lopez", "initial", "sicilian_najdorf"]
+
+
+def test_selfplay_reaches_checkmate():
+    # fool's mate scripted: f3 e5 g4 Qh4#
+    line = {0: "f2f3", 1: "e7e5", 2: "g2g4", 3: "d8h4"}
+    games = ce.self_play(answering(lambda b: line[b.ply()]), ["initial"])
+    assert games[0]["end"] == "checkmate" and games[0]["plies"] == 4
+    assert ce.selfplay_values(games)["chess_selfplay_legal_end"] == [1.0]
+
+
+def test_perfect_arbiter_agrees_everywhere():
+    def move_of(board):  # legal play with an illegal move at ply 9 and a mate-giving position reached via the opening
+        return "a1a5" if board.ply() == 9 else first_legal(board)
+    games = ce.self_play(answering(move_of), ["initial", "italian"], max_plies=40)
+    vals, transitions = ce.eval_arbiter(perfect_arbiter, games)
+    assert len(transitions) == sum(len(g["transitions"]) for g in games) > 10
+    assert all(v == [1.0] * len(transitions) for v in vals.values())
+    # a wrong reward only: the reward field and "all" fail, the others agree; garbage fails everything
+    wrong = [c.replace("+0.001+", "+0.5+") for c in perfect_arbiter([ce.env_prompt(*t) for t in transitions[:2]])]
+    v = ce.arbiter_values(transitions[:2], wrong)
+    assert v["chess_arbiter_reward"] == [0.0, 0.0] and v["chess_arbiter_all"] == [0.0, 0.0]
+    assert v["chess_arbiter_next_fen"] == [1.0, 1.0] and v["chess_arbiter_truncated"] == [1.0, 1.0]
+    assert ce.arbiter_values(transitions[:1], ["nonsense"])["chess_arbiter_truncated"] == [0.0]
+
+
+@needs_stockfish
+def test_centipawn_loss_hand_checked():
+    queen = "4k3/8/4p3/8/3Q4/8/8/4K3 w - - 0 1"  # a queen against a pawn; Qd5?? exd5 leaves K v K+P, a draw
+    start = chess.STARTING_FEN
+    with Annotator(depth=8, workers=2, cache_path="", multipv=1) as ann:
+        r = ann.move_losses([(MATES[0]["fen"], "a1a8"), (MATES[0]["fen"], "a1a2"), (queen, "d4d5"),
+                             (start, "e2e5"), (start, None), (start, "g1f3")])
+    assert r[0]["loss"] == 0 and r[0]["best"] == "a1a8"       # the mate itself
+    assert r[1]["loss"] == 1000 and r[1]["move_cp"] < 1000     # a missed mate costs the cap
+    assert r[2]["best_cp"] > 500 and r[2]["move_cp"] <= 0      # the queen was worth > 5 pawns, then gone
+    assert r[2]["loss"] == r[2]["best_cp"] - r[2]["move_cp"]
+    assert r[3]["loss"] == r[4]["loss"] == 1000 and r[3]["best"] is None  # illegal, and no move at all
+    assert 0 <= r[5]["loss"] < 100                              # a sound developing move
+    assert ce.quality_values(r) == {"chess_cpl": [0.0, 1000.0, float(r[2]["loss"]), 1000.0, 1000.0, float(r[5]["loss"])],
+                                    "chess_blunder": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]}
+
+
+@needs_stockfish
+def test_stockfish_games_illegal_player_loses():
+    games = ce.stockfish_games(answering(lambda b: "a1a1"), 2, STOCKFISH, skill=0, nodes=100)
+    assert [g["white"] for g in games] == [True, False] and [g["score"] for g in games] == [0.0, 0.0]
+    assert [g["plies"] for g in games] == [0, 1] and {g["end"] for g in games} == {"illegal"}
+    assert ce.stockfish_values(games)["chess_sf_loss"] == [1.0, 1.0]
+
+
+def test_shipped_mate_file_rechecked():
+    """Independent of build_mates: every listed move mates (push and look), every other legal move does not."""
+    with open(ce.MATE_PATH) as f:
+        header, *records = [json.loads(line) for line in f]
+    assert "command" in header["meta"] and len(records) >= 1000
+    shipped = set()
+    for path in (POOL_PATH, EVAL_PATH):
+        with open(path) as f:
+            shipped |= {position_key(r["fen"]) for r in map(json.loads, f) if "fen" in r}
+    keys, sides = set(), set()
+    for r in records:
+        board = chess.Board(r["fen"])
+        mates = []
+        for m in board.legal_moves:
+            board.push(m)
+            if board.is_checkmate():
+                mates.append(m.uci())
+            board.pop()
+        assert r["mates"] == sorted(mates) and mates, r["fen"]
+        key = position_key(r["fen"])
+        assert key not in keys and key not in shipped
+        keys.add(key)
+        sides.add(board.turn)
+    assert sides == {chess.WHITE, chess.BLACK}
+    assert len({r["phase"] for r in records}) == 3
+
+
+def test_build_is_deterministic_and_excludes(tmp_path):
+    a = ce.build_mates(3, seed=3, max_plies=120)
+    assert a == ce.build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
+    b = ce.build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
+    assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.manual_seed(0)
+    path = str(tmp_path_factory.mktemp("tiny") / "m")
+    save_model(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=32, n_positions=256)), Tokenizer.gpt2(), path)
+    return path
+
+
+def test_cli_end_to_end_and_compare(tiny, tmp_path):
+    out = str(tmp_path / "chess.json")
+    small = ["--n_mates", "6", "--n_quality", "3", "--games", "3", "--max_plies", "4", "--arbiter_max", "4",
+             "--sf_games", "2", "--max_new_tokens", "8", "--device", "cpu"]
+    run = subprocess.run([sys.executable, "mini/chess_eval.py", "--model_path", tiny, "--out", out]
+                         + small, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.load(open(out))
+    assert report["suite"] == "chess" and "chess_mate_acc" in report["metrics"] and "chess_selfplay_plies" in report["metrics"]
+    assert len(report["values"]["chess_mate_acc"]) == 6 and len(report["selfplay"]) == 3
+    if STOCKFISH:
+        assert len(report["values"]["chess_cpl"]) == 3 and len(report["stockfish_games"]) == 2
+    else:
+        assert "Stockfish not found" in report["skipped"]["move_quality"]
+    run = subprocess.run([sys.executable, "mini/chess_eval.py", "--compare", out, out], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "chess_mate_acc" in run.stdout and "[+0.0000, +0.0000]" in run.stdout
+
+
+def test_compare_refuses_other_items(tmp_path):
+    base = {"suite": "chess", "metrics": {"chess_mate_acc": 0.5}, "values": {"chess_mate_acc": [0.0, 1.0]},
+            "items": {"mate_in_one": ["a", "b"]}}
+    other = dict(base, items={"mate_in_one": ["a", "c"]}, values={"chess_mate_acc": [1.0, 1.0]}, metrics={"chess_mate_acc": 1.0})
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    for p, r in zip(paths, (base, other)):
+        json.dump(r, open(p, "w"))
+    with pytest.raises(ValueError, match="mate_in_one items differ"):
+        ce.compare(*paths)
+    json.dump(dict(other, items=base["items"]), open(paths[1], "w"))
+    paired, _ = ce.compare(*paths)
+    assert paired["chess_mate_acc"][:3] == (0.5, 1.0, 0.5)
+
+
+def test_quick_metrics_on_tiny_model(tiny):
+    model, tok = load_model(tiny)
+    m = ce.quick_metrics(model, tok, n_mates=4, n_games=2, max_plies=2, max_new_tokens=8)
+    assert {"chess_mate_acc", "chess_mate_invalid", "chess_selfplay_plies", "chess_selfplay_legal_end"} <= set(m)
+    assert all(isinstance(v, float) for v in m.values())
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
