@@ -21,7 +21,7 @@ class GPTConfig:
     n_embd: int = 768
     n_positions: int = 1024
     vocab_size: int = 50257
-    dropout: float = 0.0  # the published config.json says 0.1; RL wants it off (LESSONS.md)
+    dropout: float = 0.0  # the published config.json says 0.1; in train mode it makes policy and reference log-probs differ
 
 
 class CausalSelfAttention(nn.Module):
@@ -36,8 +36,11 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if cache is not None:
-            k, v = cache.append(k, v)  # (B, nh, past + T, hs)
+        if cache is not None:  # this layer's preallocated (B, nh, T_max, hs) keys and values, and the columns of x
+            k_all, v_all, cols = cache
+            k_all.index_copy_(2, cols, k.to(k_all.dtype))  # in place, at tensor positions: no shape depends on the step
+            v_all.index_copy_(2, cols, v.to(v_all.dtype))
+            k, v = k_all, v_all  # (B, nh, T_max, hs): attn_mask hides the padding and the columns not written yet
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -107,33 +110,39 @@ class GPT(nn.Module):
                   {"params": [p for n, p in params if not decay(n, p)], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type == "cuda" or None)
 
-    def hidden(self, idx, attention_mask=None, cache=None, key_mask=None):
+    def hidden(self, idx, attention_mask=None, cache=None):
         """Final hidden states (B, T, C) after ln_f.
 
         attention_mask (B, T): 1 on real tokens, 0 on padding (any pattern: left, right or both).
-        Positions count real tokens only, so a left-padded row starts at position 0. With a cache,
-        `key_mask` (B, past + T) marks the real keys and the positions of idx continue from them.
+        Positions count real tokens only, so a left-padded row starts at position 0. With a cache (a
+        mini.sampler.KVCache), idx is written at the cache's next columns, attends over every cached
+        column, and its positions continue from the real tokens already there.
         """
         B, T = idx.shape
-        past = cache.length if cache is not None else 0
-        if key_mask is None:
-            key_mask = torch.ones(B, past + T, dtype=torch.bool, device=idx.device) if attention_mask is None \
-                else attention_mask.bool()
-        key_mask = key_mask.bool()  # (B, past + T)
-        pos = (key_mask.long().cumsum(1) - 1).clamp(min=0)[:, past:]  # (B, T)
-        if cache is None and pos.max() >= self.config.n_positions:  # generate checks lengths up front
-            raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
+        mask = torch.ones(B, T, dtype=torch.bool, device=idx.device) if attention_mask is None \
+            else attention_mask.bool()  # (B, T)
+        past = 0 if cache is None else cache.n_real[:, None]  # real tokens already in the cache
+        pos = (past + mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
+        if cache is None:
+            if pos.max() >= self.config.n_positions:  # generate checks lengths up front
+                raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
+            cols, key_mask = torch.arange(T, device=idx.device), mask  # (T,), (B, T)
+        else:  # tensors only (col, n_real), updated in place: a decode step is the same graph every token
+            cols = cache.col + torch.arange(T, device=idx.device)  # (T,) columns of idx in the cache
+            cache.key_mask.index_copy_(1, cols, mask)
+            cache.n_real += mask.sum(1)
+            cache.col += T
+            key_mask = cache.key_mask  # (B, T_max)
         # query t sees real keys up to itself; it always sees itself, so padding rows stay finite
-        q_abs = torch.arange(past, past + T, device=idx.device)[:, None]
-        k_abs = torch.arange(past + T, device=idx.device)[None, :]
+        q_abs, k_abs = cols[:, None], torch.arange(key_mask.shape[1], device=idx.device)[None, :]
         attn_mask = ((k_abs <= q_abs)[None] & key_mask[:, None, :]) | (k_abs == q_abs)[None]
-        attn_mask = attn_mask[:, None]  # (B, 1, T, past + T)
+        attn_mask = attn_mask[:, None]  # (B, 1, T, T_max)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
+        for i, block in enumerate(self.transformer.h):
             if self.grad_checkpointing and self.training and cache is None:
                 x = checkpoint(block, x, attn_mask, use_reentrant=False)
             else:
-                x = block(x, attn_mask, cache)
+                x = block(x, attn_mask, None if cache is None else (cache.k[i], cache.v[i], cols))
         return self.transformer.ln_f(x)
 
     def forward(self, idx, attention_mask=None):

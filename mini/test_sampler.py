@@ -1,13 +1,16 @@
 """The sampler: cached decoding equals a full forward, greedy generate equals transformers', log-probs
-and groups, the sampling distribution, length checks.
+and groups, the sampling distribution, length checks, and the compiled decode step (CUDA graphs on
+CUDA) gives the tokens of the eager one.
 
     python mini/test_sampler.py
 """
+import copy
+
 import pytest
 import torch
 
 from mini.model import GPT, GPTConfig
-from mini.sampler import KVCache, generate, sample_next
+from mini.sampler import KVCache, _caches, generate, sample_next
 from mini.test_model import hf_and_ours, left_padded
 
 
@@ -18,10 +21,10 @@ def test_cached_decoding_equals_full_forward():
     ids, mask = left_padded(lengths=(12, 9, 5))
     ids = ids % 97
     full = m(ids, mask)
-    cache = KVCache(m.config, 3, 12, "cpu", torch.float32)
-    steps = [m.lm_head(m.hidden(ids[:, :6], key_mask=mask[:, :6], cache=cache))]
-    for t in range(6, 12):
-        steps.append(m.lm_head(m.hidden(ids[:, t:t + 1], key_mask=mask[:, :t + 1], cache=cache)))
+    cache = KVCache(m.config, 3, 16, "cpu", torch.float32)  # 16: columns never written must stay hidden
+    steps = [m.lm_head(m.hidden(ids[:, :6], mask[:, :6], cache=cache))]
+    for t in range(6, 12):  # the shortest row's first decoded tokens are still padding
+        steps.append(m.lm_head(m.hidden(ids[:, t:t + 1], mask[:, t:t + 1], cache=cache)))
     real = mask.bool()
     assert (torch.cat(steps, 1) - full)[real].abs().max() <= 1e-5
 
@@ -80,6 +83,58 @@ def test_generate_rejects_too_long_requests():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match="positions"):
         generate(m, [[1] * 10], max_new_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def peaked():
+    """A tiny model with peaked distributions (clear argmax, varied tokens); one layer: Inductor on CPU
+    compiles slowly (the eager tests cover several layers)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=97)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(4)
+    return m
+
+
+PROMPTS = [[1, 2, 3, 4, 5]] * 2 + [[7, 8], [9, 10, 11], [40]]  # a group, ragged lengths; 5 rows: 3 dummies
+
+
+def assert_same_decoding(eager, compiled, atol=1e-5):
+    assert [t for t, _ in compiled] == [t for t, _ in eager]
+    for (_, a), (_, b) in zip(eager, compiled):
+        assert torch.allclose(a, b, atol=atol, rtol=0)
+    assert len({tuple(t) for t, _ in eager}) >= 3 and sum(len(t) for t, _ in eager) > 30  # not degenerate
+
+
+@torch.no_grad()
+def test_compiled_decode_equals_eager_greedy(peaked):
+    eager = generate(peaked, PROMPTS, 20, temperature=0, eos_id=78)  # eos_id 78: two rows stop early
+    assert_same_decoding(eager, generate(peaked, PROMPTS, 20, temperature=0, eos_id=78, compile_decode=True))
+    # other prompts, fewer rows and tokens: the same buckets, so the compiled step is reused as it is
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5]] * 3 + [[8]]
+        assert_same_decoding(generate(peaked, prompts, 12, temperature=0, eos_id=78),
+                             generate(peaked, prompts, 12, temperature=0, eos_id=78, compile_decode=True))
+
+
+@torch.no_grad()
+def test_compiled_decode_equals_eager_sampled(peaked):
+    run = lambda **kw: generate(peaked, PROMPTS, 20, temperature=0.8, top_k=10, eos_id=72,
+                                generator=torch.Generator().manual_seed(1), **kw)  # 72: stops after 10 to 20 tokens
+    assert_same_decoding(run(), run(compile_decode=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs via mode=reduce-overhead")
+@torch.no_grad()
+def test_cuda_graph_decode_equals_eager_in_bf16(peaked):
+    m = copy.deepcopy(peaked).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch._inductor.config.patch("triton.cudagraph_or_error", True):
+        eager = generate(m, PROMPTS, 20, temperature=0, eos_id=96)
+        for _ in range(3):  # warm-up, recording, replay
+            compiled = generate(m, PROMPTS, 20, temperature=0, eos_id=96, compile_decode=True)
+            assert [t for t, _ in compiled] == [t for t, _ in eager]
+    assert all(k.dtype == torch.bfloat16 for c in _caches[m].values() for k in c.k)  # the autocast dtype
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ class Trainer:
         self.model.eval()
         with self.autocast():
             out = generate(self.model, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
-                           self.tok.eos_token_id)
+                           self.tok.eos_token_id, compile_decode=cfg.compile_decode)
         completions = [ids for ids, _ in out]
         for s in drawn:
             self.buffer.add_next(s)  # the position one move on: new positions for A: prompts
