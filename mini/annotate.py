@@ -10,11 +10,12 @@ move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, 
 results are cached on disk by FEN and limit.
 
 Annotator.move_losses judges moves instead: the centipawn loss of (fen, move) pairs against Stockfish's best
-at the same limit (mini/chess_eval.py's move quality; meant for an engine move reward too). Every engine
-call of either goes through Annotator._with_engine (the pool, restart after a crash).
+at the same limit (mini/chess_eval.py's move quality). Annotator.evals_after gives the eval of a position
+after a move, for the mover, cached by (FEN, move, limit) in memory and in an append-only JSONL file
+(mini/reward_scorer.py's engine move reward and evaluate.py's move quality). Every engine call goes through
+Annotator._with_engine (the pool, restart after a crash).
 """
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -34,7 +35,9 @@ from mini.formats import legal_ucis
 from mini.positions import iter_positions
 
 CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
+BLUNDER_CP = 200  # a move that loses this much is a blunder (chess_eval.py, evaluate.py)
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
+MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
 
 
 def find_stockfish(path=""):
@@ -57,6 +60,38 @@ def to_cp(score):
     return score.relative.score(mate_score=100000)
 
 
+def cp_loss(best_cp, move_cp, cap=CP_CAP):
+    """Centipawns lost by a move against the best, clipped to [0, cap]: a search can score a move a little
+    above the best (noise), and beyond a piece how much more was lost says little (a mate costs the cap)."""
+    return min(cap, max(0, best_cp - move_cp))
+
+
+def read_jsonl(path):
+    """The records of a JSONL cache; a line cut short by an interrupted run is skipped."""
+    if not path or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def append_jsonl(path, records):
+    """Append records to a JSONL cache, one write per line (O_APPEND keeps concurrent writers' lines whole);
+    a cut-off last line is ended first, so that it does not swallow the next record."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        for r in records:
+            f.write((json.dumps(r) + "\n").encode())
+            f.flush()
+
+
 def _close(engine):
     try:
         if engine:
@@ -68,24 +103,25 @@ def _close(engine):
 class Annotator:
     """MultiPV Stockfish analysis of many positions with `workers` engine processes and a FEN cache."""
 
-    def __init__(self, stockfish_path="", depth=12, time_s=None, workers=None, cache_path=DEFAULT_CACHE, multipv=5):
+    def __init__(self, stockfish_path="", depth=12, time_s=None, workers=None, cache_path=DEFAULT_CACHE, multipv=5,
+                 nodes=None, move_cache_path=""):
         self.path = find_stockfish(stockfish_path)
-        self.limit = chess.engine.Limit(time=time_s) if time_s else chess.engine.Limit(depth=depth)
-        self.tag = f"time={time_s}" if time_s else f"depth={depth}"  # cached results are valid for this limit only
+        # nodes and depth are deterministic with one thread and a cleared hash; time is not
+        self.limit = (chess.engine.Limit(time=time_s) if time_s else chess.engine.Limit(nodes=nodes) if nodes
+                      else chess.engine.Limit(depth=depth))
+        # cached results are valid for this limit only
+        self.tag = f"time={time_s}" if time_s else f"nodes={nodes}" if nodes else f"depth={depth}"
         self.multipv, self.cache_path, self.cache = multipv, cache_path, {}
         self.workers = workers or os.cpu_count() or 1
         self.idle = queue.Queue()  # engines not in use; None = not started yet
         for _ in range(self.workers):
             self.idle.put(None)
-        if cache_path and os.path.exists(cache_path):
-            with open(cache_path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:  # a line cut short by an interrupted run
-                        continue
-                    if r.get("limit") == self.tag and r.get("multipv") == multipv:
-                        self.cache[r["fen"]] = (r["moves"], r["evals"])
+        for r in read_jsonl(cache_path):
+            if r.get("limit") == self.tag and r.get("multipv") == multipv:
+                self.cache[r["fen"]] = (r["moves"], r["evals"])
+        self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0
+        self._read_move_cache()
+        self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
 
     def _start(self):
         engine = chess.engine.SimpleEngine.popen_uci(self.path)
@@ -139,7 +175,7 @@ class Annotator:
             return {"loss": cap, "best": None, "best_cp": None, "move_cp": None}
         best, best_cp, move_cp = self._with_engine(lambda engine: self._move_loss(engine, fen, move), fen)
         # a restricted search can score a move a little above the free one (search noise): no negative loss
-        return {"loss": min(cap, max(0, best_cp - move_cp)), "best": best, "best_cp": best_cp, "move_cp": move_cp}
+        return {"loss": cp_loss(best_cp, move_cp, cap), "best": best, "best_cp": best_cp, "move_cp": move_cp}
 
     def move_losses(self, pairs, cap=CP_CAP):
         """Centipawn loss of each (fen, move): Stockfish's eval of its best move minus the eval of `move`,
@@ -154,19 +190,82 @@ class Annotator:
                 bar.update()
         return out
 
+    def _eval_after(self, fen, move):
+        """(cp for the mover after `move`, engine seconds); None for a position the engine rejects."""
+        board = chess.Board(fen)
+        board.push_uci(move)
+        if board.is_checkmate():  # the engine has nothing to search: score the mate in 1 directly
+            return MATE_CP - 1, 0.0
+        if board.is_game_over():  # stalemate, insufficient material, 75 moves, fivefold: a draw
+            return 0, 0.0
+        t0 = time.perf_counter()
+        try:  # a new game each time clears the hash, so a result depends on the position only
+            info = self._with_engine(lambda engine: engine.analyse(board, self.limit, game=object()), fen)
+            return -to_cp(info["score"]), time.perf_counter() - t0  # the engine scores for the opponent
+        except (RuntimeError, chess.engine.EngineError, KeyError):  # crashed 3 times, or no score
+            return None, time.perf_counter() - t0
+
+    def _read_move_cache(self):
+        """Take in the move cache's lines written since the last read, by this process or any other (the
+        scoring workers of a run, other runs): the file is the cache they share. A line still being written
+        waits for the next read; a cut-off one is skipped."""
+        if not self.move_cache_path or not os.path.exists(self.move_cache_path):
+            return
+        with open(self.move_cache_path, "rb") as f:
+            f.seek(self.move_cache_read)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self.move_cache_read += len(whole)
+        for line in whole.splitlines():
+            try:
+                r = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if r.get("limit") == self.tag and "cp" in r:
+                self.move_cache[r["fen"], r["move"]] = r["cp"]
+
+    def evals_after(self, pairs):
+        """{(fen, move): eval in centipawns (to_cp) for the side that played `move`, after it} for legal moves
+        of valid positions, searched at this Annotator's limit; distinct pairs are searched once, in parallel,
+        and cached in memory and in move_cache_path. A position python-chess calls invalid (Stockfish may crash
+        on it) or one the engine fails on maps to None, is counted in stats["rejected"] and not cached."""
+        self._read_move_cache()
+        todo, out = [], {}
+        for pair in dict.fromkeys(pairs):
+            if pair in self.move_cache:
+                out[pair] = self.move_cache[pair]
+                self.stats["hits"] += 1
+            elif not chess.Board(pair[0]).is_valid():
+                out[pair] = None
+                self.stats["rejected"] += 1
+            else:
+                todo.append(pair)
+        with ThreadPoolExecutor(self.workers) as pool:
+            done = list(pool.map(lambda pair: self._eval_after(*pair), todo))
+        new = []
+        for (fen, move), (cp, seconds) in zip(todo, done):
+            out[fen, move] = cp
+            self.stats["misses"] += 1
+            self.stats["seconds"] += seconds
+            if cp is None:
+                self.stats["rejected"] += 1
+            else:
+                self.move_cache[fen, move] = cp
+                new.append({"fen": fen, "move": move, "limit": self.tag, "cp": cp})
+        if new and self.move_cache_path:
+            append_jsonl(self.move_cache_path, new)
+        return out
+
     def annotate(self, fens):
         """{fen: (moves ranked PV1 first, evals)} for the given FENs."""
         todo = [f for f in dict.fromkeys(fens) if f not in self.cache]
-        if todo and self.cache_path:
-            os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
-        cache = open(self.cache_path, "a", encoding="utf-8") if todo and self.cache_path else contextlib.nullcontext()
-        with cache as out, ThreadPoolExecutor(self.workers) as pool, \
+        with ThreadPoolExecutor(self.workers) as pool, \
                 tqdm(total=len(todo), desc="stockfish", disable=len(todo) < 100) as bar:
             for fen, (moves, evals) in zip(todo, pool.map(self._analyse, todo)):
                 self.cache[fen] = (moves, evals)
-                if out:
-                    record = {"fen": fen, "limit": self.tag, "multipv": self.multipv, "moves": moves, "evals": evals}
-                    out.write(json.dumps(record) + "\n")
+                if self.cache_path:  # line by line, so that an interrupted run keeps what it computed
+                    append_jsonl(self.cache_path, [{"fen": fen, "limit": self.tag, "multipv": self.multipv,
+                                                    "moves": moves, "evals": evals}])
                 bar.update()
         return {f: self.cache[f] for f in fens}
 

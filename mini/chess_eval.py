@@ -59,7 +59,7 @@ import chess.engine
 import torch
 from huggingface_hub.utils import tqdm
 
-from mini.annotate import Annotator, find_stockfish
+from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
 from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config
 from mini.evaluate import paired_bootstrap
 from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
@@ -69,7 +69,6 @@ from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
 
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")
-BLUNDER_CP = 200
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
               "threefold_repetition", "fifty_moves")
 # well-known openings in UCI, played from the initial position so that games have a history

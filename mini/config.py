@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
+# Stockfish evals after a move (--p_reward engine), shared across runs
+ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
 
 
 def opt(default, help, choices=None):
@@ -41,6 +43,11 @@ class Config:
     stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions")
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
     score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)")
+    p_reward: str = opt("labels", "best move of a P: completion: by its rank in the labels' top 5, or by its win "
+                        "probability against the best with Stockfish judging moves outside the top 5", ["labels", "engine"])
+    engine_depth: int = opt(10, "Stockfish depth of --p_reward engine (the labels' depth)")
+    engine_nodes: int = opt(0, "Stockfish nodes of --p_reward engine instead of a depth (0: use the depth)")
+    engine_cache: str = opt(ENGINE_CACHE, "JSONL cache of --p_reward engine evals, shared across runs ('' for none)")
 
     # GRPO objective
     steps: int = opt(100, "optimizer steps (one rollout batch each)")

@@ -33,6 +33,13 @@ A: (invalid unless four "+" fields, a FEN python-chess accepts, a number, two 0/
   reward_exact, terminated_acc, truncated_acc, and reward_mae over valid completions with the generated
   reward clipped to [-1, 1], the labels' range, so one absurd number cannot swamp it
 Both: eval_reward_<task> and eval_reward, the mean training reward (reward_scorer.score, -0.3 when invalid).
+P: move quality, with --engine_quality (needs Stockfish; skipped with a sentence where absent): the B: move
+   judged by reward_scorer.move_quality, the function of the --p_reward engine reward, against the best
+   labelled eval (a labelled move takes its labelled eval, another legal move Stockfish's eval after it at
+   --engine_depth/--engine_nodes, cached in --engine_cache); an invalid or illegal move loses 1000 cp and
+   all of W(best). cpl (mean centipawn loss, clipped to [0, 1000]), cpl_median, winprob_loss (mean
+   W(best) - W(move)), blunder (share with cpl >= 200), move_score (the engine reward's best component).
+   Positions the engine rejects are left out of these.
 """
 import argparse
 import contextlib
@@ -47,12 +54,13 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
+from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, Config
 from mini.dataset import load_jsonl, load_text
 from mini.formats import legal_ucis, parse_env, parse_policy
-from mini.positions import random_env_sample
 from mini.loader import LoadError, load_model
-from mini.reward_scorer import clip, score_batch
+from mini.positions import random_env_sample
+from mini.reward_scorer import EngineReward, best_move, clip, engine_pairs, move_quality, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
 
@@ -112,27 +120,55 @@ def env_values(s, completion, comps):
     return out
 
 
-def per_sample_values(samples, completions, shaping="continuous"):
-    """{metric name: values}, one value per sample the metric applies to (per matched move for eval_P_eval_mae)."""
+def quality_values(samples, completions, engine):
+    """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine."""
+    moves = [best_move(s, c) if s.task == "P" else None for s, c in zip(samples, completions)]
+    cps = engine.annotator().evals_after(engine_pairs(samples, moves))
+    out = []
+    for s, m in zip(samples, moves):
+        q = move_quality(s, m, cps.get((s.fen, m))) if s.task == "P" else None
+        out.append([] if q is None else [("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]),
+                                         ("blunder", q["cpl"] >= BLUNDER_CP), ("move_score", q["score"])])
+    return out
+
+
+def per_sample_values(samples, completions, shaping="continuous", engine=None):
+    """{metric name: values}, one value per sample the metric applies to (per matched move for eval_P_eval_mae).
+    engine: an EngineReward, for the move quality metrics."""
     vals = defaultdict(list)
-    for s, c, (reward, comps) in zip(samples, completions, score_batch(samples, completions, shaping), strict=True):
+    quality = quality_values(samples, completions, engine) if engine else [[]] * len(samples)
+    for s, c, (reward, comps), q in zip(samples, completions, score_batch(samples, completions, shaping), quality,
+                                        strict=True):
         t = s.task
         valid = comps["format_valid"]
         pairs = [("eval_reward", reward), (f"eval_reward_{t}", reward), (f"eval_format_valid_{t}", valid),
                  (f"eval_{t}_invalid", 1.0 - valid)]
         pairs += [(f"eval_{t}_{k}", v) for k, v in (policy_values(s, c) if t == "P" else env_values(s, c, comps))]
+        pairs += [(f"eval_{t}_{k}", v) for k, v in q]
         for name, v in pairs:
             vals[name].append(float(v))
     return dict(sorted(vals.items()))
 
 
 def means(values):
-    """{metric name: mean} of per_sample_values."""
-    return {k: sum(v) / len(v) for k, v in values.items()}
+    """{metric name: mean} of per_sample_values, and the median centipawn loss when it was measured."""
+    out = {k: sum(v) / len(v) for k, v in values.items()}
+    if values.get("eval_P_cpl"):
+        out["eval_P_cpl_median"] = float(np.median(values["eval_P_cpl"]))
+    return dict(sorted(out.items()))
+
+
+def engine_or_reason(a):
+    """(EngineReward, None) for --engine_quality, (None, one sentence) when Stockfish is missing."""
+    try:
+        return EngineReward(find_stockfish(a.stockfish_path), a.engine_depth, a.engine_nodes, a.engine_cache), None
+    except FileNotFoundError as e:
+        return None, f"move quality skipped: {e}"
 
 
 @torch.no_grad()
-def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False):
+def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False,
+             compile_decode=False):
     """Greedy completions (text after the prompt, without EOS), in batches."""
     was_training = model.training
     model.eval()
@@ -143,7 +179,7 @@ def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
             chunk = samples[i:i + batch_size]
             with autocast or contextlib.nullcontext():
                 out = generate(model, [tokenizer.encode(s.prompt) for s in chunk], max_new_tokens, temperature=0,
-                               eos_id=tokenizer.eos_token_id)
+                               eos_id=tokenizer.eos_token_id, compile_decode=compile_decode)
             completions += [tokenizer.decode(ids) for ids, _ in out]
     finally:
         model.train(was_training)
@@ -151,10 +187,11 @@ def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
 
 
 def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None,
-             shaping="continuous", progress=False):
-    """(metrics, completions): the RookWorld metrics and mean rewards of greedy completions."""
-    completions = complete(model, tokenizer, samples, max_new_tokens, batch_size, autocast, progress)
-    return means(per_sample_values(samples, completions, shaping)), completions
+             shaping="continuous", progress=False, engine=None, compile_decode=False):
+    """(metrics, completions): the RookWorld metrics and mean rewards of greedy completions; with an
+    EngineReward (ScoringPool.engine in train.py) the move quality metrics too."""
+    completions = complete(model, tokenizer, samples, max_new_tokens, batch_size, autocast, progress, compile_decode)
+    return means(per_sample_values(samples, completions, shaping, engine)), completions
 
 
 def paired_bootstrap(before, after, n_boot=2000, seed=0):
@@ -199,6 +236,12 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
     p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
     p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"])
+    p.add_argument("--compile_decode", action="store_true", help="compiled static-shape decode (CUDA graphs on CUDA)")
+    p.add_argument("--engine_quality", action="store_true", help="P: move quality by Stockfish (see the docstring)")
+    p.add_argument("--engine_depth", type=int, default=cfg.engine_depth)
+    p.add_argument("--engine_nodes", type=int, default=cfg.engine_nodes, help="nodes instead of a depth (0: off)")
+    p.add_argument("--engine_cache", default=cfg.engine_cache, help="JSONL cache of evals after a move ('' for none)")
+    p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     args = p.parse_args(argv)
     if args.compare:
         try:
@@ -217,20 +260,24 @@ def main(argv=None):
         model, tok = load_model(args.model_path, device)
         t0 = time.perf_counter()
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
-                               progress=True)
+                               progress=True, compile_decode=args.compile_decode)
     except (LoadError, OSError, ValueError) as e:
         sys.exit(f"evaluate.py: {e}")
     seconds = time.perf_counter() - t0
-    values = per_sample_values(samples, completions, args.shaping)
+    engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
+    if reason:
+        print(reason)
+    values = per_sample_values(samples, completions, args.shaping, engine)
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():
-        print(f"{k:28s} {v:9.4f} {len(values[k]):6d}")
+        print(f"{k:28s} {v:9.4f} {len(values.get(k, values.get(k.removesuffix('_median'), []))):6d}")
     print(f"{len(samples)} prompts in {seconds:.1f}s")
     out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
     report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
               "metrics": metrics, "counts": {k: len(v) for k, v in values.items()},
+              "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path},
               "samples": [{"task": s.task, "prompt": s.prompt, "completion": c, "label": s.completion}
                           for s, c in zip(samples, completions)]}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -19,11 +19,46 @@ P: raw = 0.5 best + 0.3 candidates + 0.2 evals
 A: raw = 0.4 fen_exact + 0.2 fen_similarity + 0.2 reward_exact + 0.1 terminated_exact + 0.1 truncated_exact
    fen_similarity is 1 - normalized Levenshtein distance.
 
+p_reward="engine" (EngineReward, ScoringPool(..., engine=engine_reward(cfg))) replaces best by a dense
+score on the win-probability scale (move_quality, shared with evaluate.py's move quality):
+   W(cp)  = 1 / (1 + exp(-0.00368208 cp)), Lichess's win% / 100 (50 + 50 (2 / (1 + exp(-k cp)) - 1));
+            cp clipped to +-1000 first (W in [0.025, 0.975]), a mate is exactly W = 1 (mating) or 0 (mated)
+   best   = min(1, W(move) / W(best)): the share of the best move's expected score the move keeps;
+            1 when W(best) = 0 (mated whatever is played); 0 for an illegal move
+   best_cp is the highest labelled eval; a labelled (top 5) move takes its labelled eval, any other legal
+   move Stockfish's eval after it (Annotator.evals_after, one thread, --engine_depth or --engine_nodes,
+   cached by FEN, move and limit); a move that mates is 1.0 without a search. Evals are side to move's
+   centipawns, labels' pawns * 100 (mate in n = +-(1000 - n/100) pawns -> +-(100000 - n) cp).
+   best_cp   move_cp   W(best)  W(move)  best   (1 - (W(best) - W(move)), not chosen)
+         0         0    0.500    0.500   1.000   1.000
+         0       -20    0.500    0.482   0.963   0.982   an equal move
+         0      -100    0.500    0.409   0.818   0.909   a pawn
+         0      -300    0.500    0.249   0.498   0.749   a piece
+         0      -900    0.500    0.035   0.070   0.535   the queen
+         0    mated     0.500    0        0       0.500
+       300         0    0.751    0.500   0.666   0.749
+       500       200    0.863    0.676   0.783   0.813
+      -300      -500    0.249    0.137   0.550   0.888
+      -300      -900    0.249    0.035   0.141   0.786
+    mating       500    1        0.863   0.863   0.863   a mate missed, still winning
+     -1500     -2000    0.025    0.025   1.000   1.000   beyond 10 pawns, more says little
+   Why the ratio: most positions are near equal (annotate.py screens out lopsided ones), and there
+   1 - dW keeps a queen blunder at 0.54, while the ratio puts it near 0 (0.07); within one group (one
+   position) any such score orders moves alike, so the choice sets the spacing, and the ratio spends its
+   range on moves that lose the game. Its cost: lenient when winning (+5 -> 0 keeps 0.58), sharp when
+   losing (-3 -> -5 keeps 0.55). Stockfish 15.1's evals are compact: at depth 10 a queen hung to a pawn
+   in eval-set positions scored -5.4 to -8.7 pawns, so 0.07 to 0.21; queen for a knight about 0.3. Labelled and searched evals come from different depths, hence the min(1, .).
+   An engine failure on a position (or an invalid one) keeps the labels' best, counted (engine_rejected).
+
 shaping="graduated" floors raw to quarters, so rewards are 0.2, 0.4, 0.6, 0.8 or 1.0 (-0.3 stays);
 the components keep the unquantised raw.
 """
 import math
+import os
+import threading
+from dataclasses import dataclass, replace
 
+from mini.annotate import CP_CAP, MATE_CP, Annotator, cp_loss, find_stockfish
 from mini.formats import legal_ucis, parse_env, parse_policy
 
 INVALID = -0.3
@@ -32,6 +67,7 @@ BEST_BY_RANK = (1.0, 0.5, 0.35, 0.25, 0.15)
 LEGAL_BEST, ILLEGAL_PENALTY, EVAL_CLIP = 0.05, 0.5, 10.0
 # integer weights over their sum: all components at 1.0 give raw == 1.0 exactly
 P_WEIGHTS = {"best": 5, "candidates": 3, "evals": 2}
+WIN_K = 0.00368208  # Lichess's win% = 50 + 50 * (2 / (1 + exp(-WIN_K * cp)) - 1), i.e. W = 1 / (1 + exp(-WIN_K * cp))
 A_WEIGHTS = {"fen_exact": 4, "fen_similarity": 2, "reward_exact": 2, "terminated_exact": 1, "truncated_exact": 1}
 
 
@@ -92,9 +128,10 @@ def env_components(sample, completion):
     }
 
 
-def score(sample, completion, shaping="continuous"):
+def score(sample, completion, shaping="continuous", best=None):
     """(reward, components by name) of one completion (the text after the prompt). Never raises on the
-    completion; components of an unparseable one are 0."""
+    completion; components of an unparseable one are 0. best, when given, replaces the P: best component
+    of a parseable completion (the engine move reward, see move_quality)."""
     policy = sample.task == "P"
     weights = P_WEIGHTS if policy else A_WEIGHTS
     try:
@@ -102,24 +139,176 @@ def score(sample, completion, shaping="continuous"):
     except ValueError:  # the parsers' one way of saying "malformed"
         comps = {k: 0.0 for k in weights} | ({"best_legal": 0.0} if policy else {})
         return INVALID, {"format_valid": 0.0, **comps, "raw": 0.0}
+    if policy and best is not None:
+        comps["best"] = best
     raw = sum(w * comps[k] for k, w in weights.items()) / sum(weights.values())
     reward = GRADUATED[int(raw * 4 + 1e-9)] if shaping == "graduated" else 0.2 + 0.8 * raw  # floor: 1.0 = perfect
     return reward, {"format_valid": 1.0, **comps, "raw": raw}
 
 
-def score_batch(samples, completions, shaping="continuous"):
+# ----------------------------------------------------------------------------- engine move reward
+
+def win_prob(cp):
+    """Expected score in [0, 1] of the side to move at an eval of cp centipawns (WIN_K above). A mate
+    (|cp| > MATE_CP - 1000: to_cp's +-(100000 - n), the labels' +-(1000 - n/100) pawns * 100) is exactly
+    1 or 0; other evals are clipped to +-CP_CAP first, as the eval component clips at 10 pawns."""
+    if abs(cp) > MATE_CP - 1000:
+        return 1.0 if cp > 0 else 0.0
+    return 1 / (1 + math.exp(-WIN_K * max(-CP_CAP, min(CP_CAP, cp))))
+
+
+def move_score(best_cp, move_cp):
+    """W(move) / W(best) in [0, 1]: the share of the best move's expected score that the move keeps.
+    A move the engine finds better than the labelled best (another depth) scores 1; when the best
+    is mated (W = 0) every legal move has lost already and scores 1."""
+    w_best = win_prob(best_cp)
+    return 1.0 if w_best == 0 else min(1.0, win_prob(move_cp) / w_best)
+
+
+def label_cp(pawns):
+    return round(pawns * 100)  # 999.97 pawns (mate in 3) -> 99997 cp, to_cp's convention
+
+
+def move_quality(sample, move, cp_after=None):
+    """The one judgement of a P: move that the engine reward and evaluate.py share: {"score":
+    move_score, "cpl": centipawn loss in [0, CP_CAP], "winprob_loss": W(best) - W(move) in [0, 1]}
+    against the best labelled eval. A labelled (top 5) move takes its labelled eval; another legal move
+    takes cp_after (Annotator.evals_after: the eval after the move, mover's view); an illegal move or
+    None scores 0, loses CP_CAP and all of W(best). None when a legal unlabelled move has no cp_after
+    (the engine rejected the position): the caller falls back to the labels' judgement."""
+    if not sample.evals:
+        return None
+    best_cp, labelled = label_cp(max(sample.evals)), dict(zip(sample.moves, sample.evals))
+    if move in labelled:
+        move_cp = label_cp(labelled[move])
+    elif move in legal_ucis(sample.fen):
+        if cp_after is None:
+            return None
+        move_cp = cp_after
+    else:
+        return {"score": 0.0, "cpl": CP_CAP, "winprob_loss": win_prob(best_cp)}
+    return {"score": move_score(best_cp, move_cp), "cpl": cp_loss(best_cp, move_cp),
+            "winprob_loss": max(0.0, win_prob(best_cp) - win_prob(move_cp))}
+
+
+def best_move(sample, completion):
+    """The B: move of a parseable P: completion, else None."""
+    if sample.task != "P":
+        return None
+    try:
+        return parse_policy(completion)[2]
+    except ValueError:
+        return None
+
+
+def engine_pairs(samples, moves):
+    """The (fen, move) pairs only the engine can judge: legal moves outside the labelled top 5."""
+    return [(s.fen, m) for s, m in zip(samples, moves)
+            if m is not None and m not in s.moves and m in legal_ucis(s.fen)]
+
+
+@dataclass(frozen=True)
+class EngineReward:
+    """The settings of --p_reward engine: picklable, so that a spawned scoring worker starts its own
+    engines (annotator()) with the same limit and cache file."""
+    stockfish_path: str
+    depth: int = 10
+    nodes: int = 0
+    cache_path: str = ""
+    engines: int = 0  # Stockfish processes of one scoring process (0: one per core)
+
+    def annotator(self):
+        """This process's Annotator for these settings, started on first use, closed at exit."""
+        if self not in _ANNOTATORS:
+            if not _ANNOTATORS:  # python-chess's engine threads are not daemons: close them before the
+                threading._register_atexit(close_engines)  # interpreter joins threads (atexit runs after that)
+            _ANNOTATORS[self] = Annotator(self.stockfish_path, depth=self.depth, nodes=self.nodes or None,
+                                          workers=self.engines or None, cache_path="", multipv=1,
+                                          move_cache_path=self.cache_path)
+        return _ANNOTATORS[self]
+
+
+_ANNOTATORS = {}
+
+
+def close_engines():
+    while _ANNOTATORS:
+        _ANNOTATORS.popitem()[1].close()
+
+
+def engine_reward(cfg):
+    """EngineReward for cfg.p_reward == "engine" (None for "labels"); raises FileNotFoundError in one
+    sentence when Stockfish is missing, so that a run fails at start, not at its first step."""
+    if cfg.p_reward != "engine":
+        return None
+    try:
+        path = find_stockfish(cfg.stockfish_path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(str(e).replace("Stockfish not found", "--p_reward engine needs Stockfish, which was not found", 1)) from None
+    return EngineReward(path, cfg.engine_depth, cfg.engine_nodes, cfg.engine_cache)
+
+
+def score_chunk(samples, completions, shaping="continuous", engine=None):
+    """(score() of each pair, engine counters {hits, misses, rejected, seconds} of this call). With an
+    EngineReward the best component of a P: completion is move_quality's score: each distinct unlabelled
+    legal move is searched once (cached across calls), a rejected position keeps the labels' score."""
+    if engine is None:
+        return [score(s, c, shaping) for s, c in zip(samples, completions)], {}
+    ann = engine.annotator()
+    before = dict(ann.stats)
+    moves = [best_move(s, c) for s, c in zip(samples, completions)]
+    cps = ann.evals_after(engine_pairs(samples, moves))
+    out = []
+    for s, c, m in zip(samples, completions, moves):
+        q = move_quality(s, m, cps.get((s.fen, m))) if m is not None else None
+        out.append(score(s, c, shaping, best=None if q is None else q["score"]))
+    return out, {k: ann.stats[k] - before[k] for k in before}
+
+
+def score_batch(samples, completions, shaping="continuous", engine=None):
     """score() over pairs; a plain top-level function so that a process pool can run chunks of it."""
-    return [score(s, c, shaping) for s, c in zip(samples, completions)]
+    return score_chunk(samples, completions, shaping, engine)[0]
+
+
+def engine_metrics(counters):
+    """Per-batch metrics of the engine reward from score_chunk's counters ({} in labels mode):
+    engine_lookups (distinct unlabelled moves), engine_cache_hit_rate (share answered by the cache;
+    1.0 when there was nothing to look up), engine_seconds (engine time summed over processes and
+    threads) and engine_rejected (positions scored by the labels instead)."""
+    counters = [c for c in counters if c]
+    if not counters:
+        return {}
+    total = {k: sum(c[k] for c in counters) for k in counters[0]}
+    lookups = total["hits"] + total["misses"]
+    return {"engine_lookups": lookups, "engine_cache_hit_rate": total["hits"] / lookups if lookups else 1.0,
+            "engine_seconds": total["seconds"], "engine_rejected": total["rejected"]}
+
+
+def group_chunks(samples, parts):
+    """Start indices of about `parts` equal chunks that never split a run of one prompt (a group), so
+    that the group's repeated moves are searched once."""
+    n, starts = -(-len(samples) // parts), [0]
+    while starts[-1] + n < len(samples):
+        i = starts[-1] + n
+        while i < len(samples) and samples[i].prompt == samples[i - 1].prompt:
+            i += 1
+        if i == len(samples):
+            break
+        starts.append(i)
+    return starts
 
 
 class ScoringPool:
     """Scores a rollout in worker processes while the caller goes on (the GPU computes reference
     log-probs meanwhile); with workers = 0 it scores in this process. submit() returns a function
-    that waits for the (reward, components) list, in order."""
+    that waits for the (reward, components) list, in order; after it, metrics holds the batch's
+    engine_metrics. engine: an EngineReward for --p_reward engine (engine_reward(cfg)), None for labels."""
 
-    def __init__(self, workers, shaping="continuous"):
-        self.shaping, self.workers = shaping, workers
-        self.pool = None
+    def __init__(self, workers, shaping="continuous", engine=None):
+        self.shaping, self.workers, self.metrics = shaping, workers, {}
+        if engine is not None and not engine.engines:  # share the cores among the scoring processes
+            engine = replace(engine, engines=max(1, (os.cpu_count() or 1) // max(1, workers)))
+        self.engine, self.pool = engine, None
         if workers > 0:  # spawn: forking a process that holds CUDA state is unsafe
             from concurrent.futures import ProcessPoolExecutor
             from multiprocessing import get_context
@@ -127,13 +316,53 @@ class ScoringPool:
 
     def submit(self, samples, completions):
         if self.pool is None:
-            result = score_batch(samples, completions, self.shaping)
-            return lambda: result
-        n = -(-len(samples) // self.workers)  # one chunk per worker
-        futures = [self.pool.submit(score_batch, samples[i:i + n], completions[i:i + n], self.shaping)
-                   for i in range(0, len(samples), n)]
-        return lambda: [x for f in futures for x in f.result()]
+            done = [score_chunk(samples, completions, self.shaping, self.engine)]
+            collect = lambda: done
+        else:
+            bounds = group_chunks(samples, self.workers) + [len(samples)]
+            futures = [self.pool.submit(score_chunk, samples[a:b], completions[a:b], self.shaping, self.engine)
+                       for a, b in zip(bounds, bounds[1:])]
+            collect = lambda: [f.result() for f in futures]
+
+        def wait():
+            parts = collect()
+            self.metrics = engine_metrics([counters for _, counters in parts])
+            return [x for scores, _ in parts for x in scores]
+        return wait
 
     def close(self):
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+        if self.engine is not None:
+            close_engines()
+
+
+def bench_engine_reward(n_prompts=32, k=8, depth=10, nodes=0, workers=0, seed=0):
+    """P: completions scored per second by ScoringPool(workers) with --p_reward labels, and engine from a cold
+    cache (a new file) and a warm one (the same batch again). Eval-set positions, K completions a prompt
+    with the labels' M:/E: and a random legal B: move: most are outside the top 5, the engine's worst case.
+    python -c "from mini.reward_scorer import bench_engine_reward as b; print(b())" """
+    import random
+    import tempfile
+    import time
+    from mini.annotate import find_stockfish
+    from mini.config import EVAL_PATH
+    from mini.dataset import load_jsonl
+    from mini.formats import policy_completion
+    rng = random.Random(seed)
+    samples = [s for s in load_jsonl(EVAL_PATH)[:n_prompts] for _ in range(k)]
+    texts = [policy_completion(s.moves, s.evals, rng.choice(sorted(legal_ucis(s.fen)))) for s in samples]
+    out = {"completions": len(samples), "depth": depth, "nodes": nodes, "workers": workers, "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = EngineReward(find_stockfish(), depth, nodes, os.path.join(tmp, "moves.jsonl"))
+        for name, spec in (("labels", None), ("engine_cold", engine), ("engine_warm", engine)):
+            pool = ScoringPool(workers, engine=spec)
+            if name == "engine_warm":
+                pool.submit(samples, texts)()  # the cold pass of this pool's processes fills the cache
+            t0 = time.perf_counter()
+            pool.submit(samples, texts)()
+            out[name + "_per_s"] = round(len(samples) / (time.perf_counter() - t0), 1)
+            if spec:
+                out[name + "_metrics"] = pool.metrics
+            pool.close()
+    return out

@@ -74,11 +74,12 @@ def sample_next(logits, temperature=1.0, top_k=0, generator=None, u=None):
     return nxt, logp.gather(1, nxt[:, None])[:, 0]
 
 
-def decode_step(model, cache, tok, u, temperature, top_k):
+def decode_step(model, cache, tok):
     """The one decode step, eager or compiled: tok (N,) goes in at column cache.col, cache is updated in
-    place, and the next token (N,) and its log-prob (N,) come out. No shape depends on the step."""
-    logits = model.lm_head(model.hidden(tok[:, None], cache=cache)[:, -1])  # (N, vocab)
-    return sample_next(logits, temperature, top_k, u=u)
+    place, and the next token's fp32 logits (N, vocab) come out. No shape depends on the step. Sampling
+    stays outside (eager): Inductor 2.11 failed to generate the fused softmax + cumsum kernel for some
+    batch sizes on an H100, and sampling is a handful of kernels beside the model's hundreds."""
+    return model.lm_head(model.hidden(tok[:, None], cache=cache)[:, -1]).float()  # (N, vocab)
 
 
 def _round_up(n, multiple):
@@ -174,7 +175,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
                 break
             if compile_decode:
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
-            nxt, logp = step(model, cache, nxt, None if u is None else u[t + 1], temperature, top_k)
+            logits = step(model, cache, nxt)  # (Nb, vocab)
+            nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
 
     tokens, logprobs = tokens[:N].cpu().tolist(), logprobs[:N].cpu()
     out = []

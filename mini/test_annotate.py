@@ -7,7 +7,7 @@ import chess
 import chess.engine
 import pytest
 
-from mini.annotate import Annotator, find_stockfish, main
+from mini.annotate import Annotator, append_jsonl, cp_loss, find_stockfish, main, read_jsonl
 from mini.dataset import load_jsonl
 from mini.formats import position_key
 
@@ -29,6 +29,19 @@ DEPTH = 8
 def test_missing_binary_says_how_to_fix():
     with pytest.raises(FileNotFoundError, match=r"apt-get install stockfish.*--stockfish_path"):
         find_stockfish("/nonexistent/stockfish")
+
+
+def test_jsonl_cache_ends_a_cut_off_line(tmp_path):
+    path = str(tmp_path / "sub" / "cache.jsonl")
+    append_jsonl(path, [{"a": 1}, {"a": 2}])
+    with open(path, "a") as f:
+        f.write('{"a": 3, "b"')  # an interrupted write
+    append_jsonl(path, [{"a": 4}])  # not swallowed by the cut-off line
+    assert list(read_jsonl(path)) == [{"a": 1}, {"a": 2}, {"a": 4}] and list(read_jsonl(str(tmp_path / "none"))) == []
+
+
+def test_cp_loss_clipped():
+    assert (cp_loss(30, 10), cp_loss(10, 30), cp_loss(99990, -50), cp_loss(5, -99990, cap=500)) == (20, 0, 1000, 500)
 
 
 @needs_stockfish

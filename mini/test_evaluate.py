@@ -119,6 +119,38 @@ def test_hand_computed():
     assert {k: len(values[k]) for k in counts} == counts
 
 
+def test_engine_quality_is_the_reward_function():
+    """Move quality by hand for labelled and illegal moves; for an unlabelled move it equals the engine
+    reward's best component, both from reward_scorer.move_quality."""
+    from mini.annotate import find_stockfish
+    from mini.reward_scorer import EngineReward, score_chunk, win_prob
+    try:
+        engine = EngineReward(find_stockfish(), depth=8)
+    except FileNotFoundError:
+        pytest.skip("Stockfish binary not found (apt-get install stockfish)")
+    white, black, env = parse_line(P_LINES[0]), parse_line(P_LINES[1]), parse_line(A_LINES[0])
+    samples = [white, black, white, black, white, env]
+    completions = [white.completion.replace("B: b3b5", "B: b3b7"),  # -1.13 against -0.8: 33 cp
+                   black.completion.replace("B: h7f6", "B: a4a3"),  # -3.06 against PV1's -2.3: 76 cp
+                   white.completion.replace("B: b3b5", "B: b3a3"),  # illegal: the cap, all of W(best)
+                   " M: h7f8 B:",                                   # invalid: the same
+                   white.completion.replace("B: b3b5", "B: d2e3"),  # legal, unlabelled: Stockfish judges
+                   env.completion]
+    values = ev.per_sample_values(samples, completions, engine=engine)
+    reward_best = score_chunk(samples[4:5], completions[4:5], engine=engine)[0][0][1]["best"]
+    W = win_prob
+    assert values["eval_P_cpl"][:4] == [33, 76, 1000, 1000] and 0 <= values["eval_P_cpl"][4] <= 1000
+    assert values["eval_P_move_score"] == pytest.approx([W(-113) / W(-80), W(-306) / W(-230), 0, 0, reward_best])
+    assert values["eval_P_winprob_loss"][:4] == pytest.approx([W(-80) - W(-113), W(-230) - W(-306), W(-80), W(-230)])
+    assert values["eval_P_blunder"][:4] == [0, 0, 1, 1] and len(values["eval_P_cpl"]) == 5
+    m = ev.means(values)
+    assert m["eval_P_cpl_median"] == sorted(values["eval_P_cpl"])[2]
+    reason = ev.engine_or_reason(ev.argparse.Namespace(stockfish_path="/nonexistent/stockfish", engine_depth=8,
+                                                       engine_nodes=0, engine_cache=""))
+    assert reason[0] is None and reason[1].startswith("move quality skipped: Stockfish not found")
+    assert "apt-get install stockfish" in reason[1]
+
+
 @pytest.fixture(scope="module")
 def snapshot(tmp_path_factory):
     torch.manual_seed(0)

@@ -137,6 +137,20 @@ def test_cuda_graph_decode_equals_eager_in_bf16(peaked):
     assert all(k.dtype == torch.bfloat16 for c in _caches[m].values() for k in c.k)  # the autocast dtype
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs via mode=reduce-overhead")
+@torch.no_grad()
+def test_cuda_graph_sampled_decode_at_the_real_vocabulary():
+    """Sampling at GPT-2's 50257 tokens and a batch of 64: the shape where Inductor once failed to build a
+    fused softmax + cumsum kernel (sampling now stays outside the compiled step)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=64, n_positions=64)).cuda().eval()
+    prompts = [[1, 2, 3]] * 32 + [[4, 5]] * 32
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        run = lambda **kw: generate(m, prompts, 8, temperature=1.0, generator=torch.Generator("cuda").manual_seed(0), **kw)
+        eager, compiled = run(), run(compile_decode=True)
+    assert [t for t, _ in compiled] == [t for t, _ in eager]
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))

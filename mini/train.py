@@ -26,7 +26,7 @@ from mini.config import parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
-from mini.reward_scorer import ScoringPool
+from mini.reward_scorer import ScoringPool, engine_reward
 from mini.runs import RunDir, load_checkpoint
 from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
                           set_rng_state)
@@ -101,7 +101,10 @@ class Trainer:
             raise StopRun(f"error: {e}") from None
         self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 else []
-        self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping)
+        try:
+            self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
+        except FileNotFoundError as e:  # --p_reward engine without Stockfish: says how to install it
+            raise StopRun(f"error: {e}") from None
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
         self.stop_signal = None
 
@@ -131,7 +134,7 @@ class Trainer:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
         m = {"step": self.step, **stats, **adv_stats, **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
-             "completion_tokens": sum(map(len, r.completions)), **timer.seconds(),
+             "completion_tokens": sum(map(len, r.completions)), **self.scorer.metrics, **timer.seconds(),
              "peak_mem_mb": peak_memory_mb(self.device)}
         self.finish_step(m, r)
         return m
@@ -255,7 +258,7 @@ class Trainer:
         self.best_reward = max(self.best_reward, m["reward_mean"])
         if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
             ev, _ = evaluate(self.model, self.tok, self.eval_samples, cfg.max_new_tokens, autocast=self.autocast(),
-                             shaping=cfg.reward_shaping)
+                             shaping=cfg.reward_shaping, engine=self.scorer.engine, compile_decode=cfg.compile_decode)
             m.update(ev)
             if ev["eval_reward"] > self.best_eval:
                 self.best_eval = ev["eval_reward"]

@@ -1,0 +1,235 @@
+"""--p_reward engine: the win-probability formula by hand, hand-made positions judged by Stockfish, the
+cache (memory, file, cut-off line), worker processes, labels mode unchanged, errors.
+
+    python -m pytest -q mini/test_engine_reward.py
+"""
+import math
+import os
+import signal
+
+import chess
+import pytest
+
+from mini.annotate import Annotator, find_stockfish
+from mini.config import Config
+from mini.formats import parse_line, policy_completion, policy_sample
+from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engine_reward, group_chunks, move_quality,
+                                move_score, score, score_batch, score_chunk, win_prob)
+from mini.test_formats import P_LINES
+
+try:
+    STOCKFISH = find_stockfish()
+except FileNotFoundError:
+    STOCKFISH = None
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="Stockfish binary not found (apt-get install stockfish)")
+DEPTH = 10  # the default --engine_depth: 25 ms a search on one core
+
+# labels: Stockfish 15.1 MultiPV 5 at depth 10 (mini/annotate.py), side to move's pawns
+EQUAL = policy_sample(chess.STARTING_FEN, ["g2g3", "e2e4", "d2d4", "g1f3", "c2c4"], [0.27, 0.27, 0.26, 0.25, 0.24])
+# Black to move, +0.8 after fxe4; Qd6-e5?? is taken by the d4 pawn for nothing (mini/data/eval.jsonl's labels)
+QUEEN = policy_sample("rn2kb1r/pp2p1pp/2pqb2n/3p1pN1/3PP3/5N2/PPPB1PPP/R2QKB1R b KQkq - 0 7",
+                      ["f5e4", "d5e4", "h6f7", "e6g8", "g7g6"], [0.8, -0.57, -2.24, -2.82, -2.86])
+# Scandinavian, White to move; labelled without its best move e4d5 (+0.35), which the engine must judge
+SCANDI = policy_sample("rnbqkbnr/ppp1pppp/8/3p4/4P3/8/PPPP1PPP/RNBQKBNR w KQkq d6 0 2",
+                       ["b1c3", "e4e5", "d2d3", "f1d3"], [0.0, -0.02, -0.43, -0.43])
+MATE_FEN = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # Ra8#
+MATE = policy_sample(MATE_FEN, ["a1a8", "g1f2", "a1a7", "g1g2", "a1a5"], [999.99, 2.98, 2.96, 2.88, 2.82])
+MATE_UNLABELLED = policy_sample(MATE_FEN, ["g1f2", "a1a7", "g1g2", "a1a5"], [2.98, 2.96, 2.88, 2.82])
+
+
+def answer(sample, move):
+    """The sample's own M:/E: lines with B: move: only the best component can differ from 1."""
+    return policy_completion(sample.moves, sample.evals, move)
+
+
+def engine(tmp_path=None, **kw):
+    return EngineReward(STOCKFISH, DEPTH, cache_path=str(tmp_path / "moves.jsonl") if tmp_path else "", **kw)
+
+
+def best_of(sample, move, spec):
+    return score_chunk([sample], [answer(sample, move)], engine=spec)[0][0][1]["best"]
+
+
+# ----------------------------------------------------------------------------- the formula, by hand
+
+def test_win_prob_by_hand():
+    assert win_prob(0) == 0.5
+    assert win_prob(100) == pytest.approx(1 / (1 + math.exp(-0.368208)), abs=1e-12) == pytest.approx(0.591026, abs=1e-6)
+    assert win_prob(-300) == pytest.approx(0.248874, abs=1e-6)
+    for cp in (-700, -50, 0, 120, 999):  # Lichess's win% = 50 + 50 * (2 / (1 + exp(-k cp)) - 1)
+        assert 100 * win_prob(cp) == pytest.approx(50 + 50 * (2 / (1 + math.exp(-0.00368208 * cp)) - 1))
+    assert win_prob(5000) == win_prob(1000) == pytest.approx(0.975447, abs=1e-6)  # clipped at 10 pawns
+    assert (win_prob(99999), win_prob(99001), win_prob(-99997)) == (1.0, 1.0, 0.0)  # mates, labels' 999.97 too
+
+
+def test_move_score_by_hand():
+    assert move_score(0, 0) == 1.0 and move_score(0, 50) == 1.0  # better than the labelled best: capped
+    assert move_score(0, -20) == pytest.approx(0.963, abs=1e-3)
+    assert move_score(0, -900) == pytest.approx(2 / (1 + math.exp(0.00368208 * 900)), abs=1e-12)  # 0.070
+    assert move_score(300, 0) == pytest.approx(0.5 / 0.751126, abs=1e-6)
+    assert move_score(99999, 500) == pytest.approx(0.863072, abs=1e-6)  # a mate missed, still winning
+    assert move_score(0, -99999) == 0.0 and move_score(-99999, -99999) == 1.0  # mated whatever: nothing lost
+
+
+def test_move_quality_labelled_and_illegal_moves():
+    """No engine needed: labelled moves take their labelled eval, an illegal move scores 0 and costs the cap."""
+    q = move_quality(QUEEN, "d5e4")  # -0.57 against the best 0.8: W 0.4477 / 0.5731
+    assert q["cpl"] == 137 and q["score"] == pytest.approx(0.4477 / 0.5731, abs=1e-4)
+    assert q["winprob_loss"] == pytest.approx(0.5731 - 0.4477, abs=1e-4)
+    assert move_quality(QUEEN, "f5e4") == {"score": 1.0, "cpl": 0, "winprob_loss": 0.0}
+    assert move_quality(QUEEN, "d6d1") == {"score": 0.0, "cpl": 1000, "winprob_loss": win_prob(80)}
+    assert move_quality(QUEEN, None)["score"] == 0.0
+    assert move_quality(QUEEN, "d6e5") is None  # legal, unlabelled, no engine eval: the caller falls back
+
+
+def test_labels_mode_is_todays_reward():
+    """Rewards of mini/reward_scorer.py before the engine reward existed (git HEAD), for both shapings."""
+    samples = [parse_line(line) for line in P_LINES]
+    pairs = []
+    for s in samples:
+        other = next(m for m in s.moves if m != s.best)
+        pairs += [(s, s.completion), (s, s.completion.replace("B: " + s.best, "B: " + other)), (s, s.completion[:30]),
+                  (s, " M: a1a1 E: 0.0 B: a1a1")]
+    pairs += [(samples[0], samples[0].completion.replace("B: b3b5", "B: " + m)) for m in ("d2e3", "b3a3")]
+    today = {"continuous": [1.0, 0.8, -0.3, 0.2, 1.0, 0.7, -0.3, 0.2, 1.0, 0.8, -0.3, 0.2, 0.6200000000000001,
+                            0.6000000000000001],
+             "graduated": [1.0, 0.8, -0.3, 0.2, 1.0, 0.6, -0.3, 0.2, 1.0, 0.8, -0.3, 0.2, 0.6, 0.6]}
+    for shaping, rewards in today.items():
+        scored = score_batch([s for s, _ in pairs], [c for _, c in pairs], shaping)
+        assert [r for r, _ in scored] == rewards
+        assert scored == [score(s, c, shaping) for s, c in pairs]
+        pool = ScoringPool(0, shaping, engine_reward(Config()))  # default --p_reward labels: no engine
+        assert pool.submit([s for s, _ in pairs], [c for _, c in pairs])() == scored and pool.metrics == {}
+
+
+def test_group_chunks_keep_groups_whole():
+    s = [parse_line(line) for line in P_LINES]
+    batch = [s[0]] * 3 + [s[1]] * 3 + [s[2]] * 3
+    assert group_chunks(batch, 2) == [0, 6] and group_chunks(batch, 3) == [0, 3, 6] and group_chunks(batch, 1) == [0]
+    assert group_chunks([s[0]] * 9, 4) == [0]
+
+
+def test_missing_stockfish_fails_in_one_sentence():
+    with pytest.raises(FileNotFoundError, match=r"^--p_reward engine needs Stockfish, which was not found .*"
+                                                r"apt-get install stockfish.*--stockfish_path"):
+        engine_reward(Config(p_reward="engine", stockfish_path="/nonexistent/stockfish"))
+
+
+def test_engine_metrics_sum_processes():
+    c = {"hits": 3, "misses": 1, "rejected": 0, "seconds": 0.5}
+    assert engine_metrics([c, c]) == {"engine_lookups": 8, "engine_cache_hit_rate": 0.75, "engine_seconds": 1.0,
+                                      "engine_rejected": 0}
+    assert engine_metrics([{}]) == {} and engine_metrics([c | {"hits": 0, "misses": 0}])["engine_cache_hit_rate"] == 1.0
+
+
+# ----------------------------------------------------------------------------- Stockfish judges
+
+@needs_stockfish
+def test_hand_made_positions():
+    spec = engine()
+    assert best_of(SCANDI, "e4d5", spec) == 1.0  # Stockfish's best, unlabelled here: searched, at least the labels' best
+    assert best_of(EQUAL, "b1c3", spec) > 0.9  # ~ +0.03 against +0.27
+    assert best_of(QUEEN, "d6e5", spec) < 0.1  # dxe5: ~ -8.7 against +0.8
+    assert best_of(QUEEN, "f5e4", spec) == 1.0  # the labelled best
+    assert best_of(MATE, "a1a8", spec) == best_of(MATE_UNLABELLED, "a1a8", spec) == 1.0  # mates, labelled or not
+    assert best_of(MATE, "a1h8", spec) == 0.0  # illegal
+    assert best_of(MATE, "g1f2", spec) == pytest.approx(win_prob(298))  # +2.98 against a mate
+    # the other components stay: a wrong eval costs what it cost before
+    wrong = policy_completion(QUEEN.moves, [0.0] * 5, "f5e4")
+    assert score_chunk([QUEEN], [wrong], engine=spec)[0] == [score(QUEEN, wrong)]
+
+
+@needs_stockfish
+def test_eval_after_agrees_with_a_direct_search():
+    import chess.engine
+    ann = engine().annotator()
+    cp = ann.evals_after([(QUEEN.fen, "d6e5")])[QUEEN.fen, "d6e5"]
+    board = chess.Board(QUEEN.fen)
+    board.push_uci("d6e5")
+    with chess.engine.SimpleEngine.popen_uci(STOCKFISH) as sf:
+        sf.configure({"Threads": 1})
+        info = sf.analyse(board, chess.engine.Limit(depth=DEPTH), game=object())
+    assert cp == -info["score"].relative.score(mate_score=100000) and cp < -500
+
+
+@needs_stockfish
+def test_batch_dedupe_and_cache(tmp_path, monkeypatch):
+    """A group of K asks once per distinct move; the same batch again asks the engine zero times."""
+    samples = [EQUAL] * 4 + [QUEEN] * 4
+    completions = [answer(EQUAL, m) for m in ("b1c3", "b1c3", "a2a3", "e2e4")] + \
+                  [answer(QUEEN, m) for m in ("d6e5", "d6e5", "d6e5", "zzzz")]
+    spec = engine(tmp_path)
+    first, counters = score_chunk(samples, completions, engine=spec)
+    assert counters["misses"] == 3 and counters["hits"] == 0 and counters["seconds"] > 0
+    monkeypatch.setattr(spec.annotator(), "_with_engine", None)  # any engine call would fail now
+    again, counters = score_chunk(samples, completions, engine=spec)
+    assert again == first and counters == {"hits": 3, "misses": 0, "rejected": 0, "seconds": 0.0}
+    assert len(open(tmp_path / "moves.jsonl").readlines()) == 3
+    assert first[7][0] == -0.3  # "zzzz" does not parse
+
+
+@needs_stockfish
+def test_file_cache_survives_a_cut_off_line(tmp_path):
+    path = str(tmp_path / "moves.jsonl")
+    pairs = [(EQUAL.fen, "b1c3"), (EQUAL.fen, "a2a3"), (QUEEN.fen, "d6e5")]
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1, move_cache_path=path) as ann:
+        want = ann.evals_after(pairs)
+    text = open(path).read()
+    open(path, "w").write(text[:-20])  # an interrupted write
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1, move_cache_path=path) as ann:
+        assert len(ann.move_cache) == 2
+        assert ann.evals_after(pairs) == want and ann.stats["misses"] == 1
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1, move_cache_path=path) as ann:
+        assert ann.move_cache == {p: want[p] for p in pairs}  # the cut line was ended, the new one is whole
+    with Annotator(depth=DEPTH + 1, workers=1, cache_path="", multipv=1, move_cache_path=path) as ann:
+        assert not ann.move_cache  # another limit, another result
+
+
+@needs_stockfish
+def test_rejected_positions_keep_the_labels_score(monkeypatch):
+    bad = policy_sample("4k3/8/8/8/8/8/4R3/4K3 w - - 0 1", ["e2e3"], [10.0])  # Black, not to move, is in check
+    spec = engine()
+    got, counters = score_chunk([bad], [answer(bad, "e1d1")], engine=spec)
+    assert got == [score(bad, answer(bad, "e1d1"))] and counters["rejected"] == 1
+    ann = spec.annotator()
+
+    def crash(work, fen):
+        raise RuntimeError(f"Stockfish failed 3 times on {fen}")
+    monkeypatch.setattr(ann, "_with_engine", crash)
+    c = answer(EQUAL, "h2h4")
+    got, counters = score_chunk([EQUAL], [c], engine=spec)
+    assert got == [score(EQUAL, c)] and counters["rejected"] == 1 and (EQUAL.fen, "h2h4") not in ann.move_cache
+
+
+@needs_stockfish
+def test_dead_engine_is_restarted():
+    spec = engine()
+    ann = spec.annotator()
+    ann.evals_after([(EQUAL.fen, "b1c3")])
+    rejected = ann.stats["rejected"]
+    victim = ann.idle.queue[0] or ann.idle.queue[-1]
+    os.kill(victim.transport.get_pid(), signal.SIGKILL)
+    for m in ("a2a3", "h2h3", "b2b3"):  # every engine of the pool gets a turn
+        score_chunk([EQUAL], [answer(EQUAL, m)], engine=spec)
+    assert ann.stats["rejected"] == rejected and all((EQUAL.fen, m) in ann.move_cache for m in ("a2a3", "h2h3", "b2b3"))
+
+
+@needs_stockfish
+def test_worker_process_agrees_with_inline():
+    samples = [EQUAL] * 3 + [QUEEN] * 3
+    completions = [answer(EQUAL, m) for m in ("b1c3", "g2g4", "e2e4")] + [answer(QUEEN, m) for m in ("d6e5", "a7a6", "f5e4")]
+    inline = ScoringPool(0, engine=engine())
+    want = inline.submit(samples, completions)()
+    assert inline.metrics["engine_lookups"] == 4
+    inline.close()
+    pool = ScoringPool(1, engine=engine())
+    try:
+        assert pool.submit(samples, completions)() == want
+        assert pool.metrics["engine_lookups"] == 4 and pool.metrics["engine_cache_hit_rate"] == 0.0
+    finally:
+        pool.close()
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
