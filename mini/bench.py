@@ -1,114 +1,468 @@
 """
-End-to-end GRPO step benchmark on random weights: rollout tokens/s, completions/s, seconds per phase,
-training-phase MFU and peak memory, beside transformers' `generate` on the same weights and prompts.
+Benchmarks, in three modes (random weights; real RookWorld prompts from the shipped pool):
 
-    python mini/bench.py                                   # 124M config, 64 prompts x 16, on CUDA
-    python mini/bench.py --n_layer 2 --n_head 2 --n_embd 64 --prompts 4 --k 4 --steps 1   # CPU smoke run
+    python mini/bench.py [step]    # one GRPO step (Trainer.train_step) by phases, beside transformers' generate
+                                   # and TRL's GRPOTrainer on the same weights and prompts
+    python mini/bench.py sampler   # our generate against full recompute per token and transformers' generate
+    python mini/bench.py scoring   # reward scoring, completions/s on one core
 
-The completion length is forced: random weights almost never sample EOS, so every row runs to
---new_tokens (64, near the real ~58-66 of A:/P: completions). Prompts are real mixed P:/A: prompts
-from the shipped pool. MFU counts 6 FLOPs per parameter per trained token (tied embeddings once;
-the vocabulary projection only on completion tokens, where the loop applies it) against --peak_tflops.
+    python mini/bench.py                                       # 124M, 64 prompts x 16, micro-batch 128: a GPU
+    python mini/bench.py --compile_decode --no_transformers --no_trl --json logs/bench-compiled.json
+    python mini/bench.py --auto_batch_size --steps 1 --no_transformers --no_trl   # the batch --auto_batch_size picks
+    OMP_NUM_THREADS=1 python mini/bench.py --n_layer 4 --n_head 4 --n_embd 256 --prompts 4 --k 8 --new_tokens 64 \
+        --steps 3 --trl_steps 3                                # CPU-sized, with the TRL comparison (~6 min)
+    OMP_NUM_THREADS=1 python mini/bench.py sampler             # 4 layers x 256 wide, 4 prompts x 4, 64 new tokens
+    python mini/bench.py scoring
+    pip install -e ".[bench]"                                  # trl and transformers, for the comparisons
+
+step prints the figures of the median of --steps timed steps (by step time; the slower middle one of an even
+count, so one recompilation or hiccup does not count), after one warm-up step; --json PATH writes them:
+  seconds per phase    generate, ref_logprobs, score (the wait the overlap did not hide), update
+  rollout tokens/s     completion tokens / generate seconds
+  completions/s        prompts * k / seconds of the whole step, end to end (TRL: of one optimizer step)
+  training phase       6 FLOPs per parameter per trained token (the tied embedding counted once, as the output
+                       projection, which runs on completion tokens only) / update seconds, in TFLOP/s; MFU divides
+                       by --peak_tflops (default by GPU name: H100 and H200 989, A100 312, dense bf16)
+  peak memory          CUDA: the largest per-step peak allocation; CPU: the process's peak resident memory
+  decode bandwidth     bytes an ideal decoder must read per decode step over the measured time per step:
+                           bytes = b * P + 2 * n_layer * n_embd * b * N * (mean prompt length + new_tokens / 2)
+                           GB/s  = bytes / (generate seconds / new_tokens) / 1e9,  roofline share = GB/s / --peak_gbps
+                       P parameters (weights read once per token), N = prompts * k rows, the KV cache of every
+                       row read once per token, b = 2 bytes under bf16 autocast (else 4); --peak_gbps defaults by
+                       GPU name (H100 3350, H100 PCIe 2000, H200 4800, A100 2039). Prefill and sampling count in
+                       the time, so the share is a lower bound.
+Completions are 64 tokens (--new_tokens), near the real ~58-66 of P:/A:; our rollout is not forced, but random
+weights sample EOS about once in 50,000 tokens, so rows run to the end; transformers and TRL are forced
+(min_new_tokens). TRL runs with the same K (num_generations), forced length (max_completion_length and
+generation_kwargs min_new_tokens), KL coefficient (beta), loss type, clip range, learning rate, micro-batch
+(per_device_train_batch_size, and gradient_accumulation_steps to make up prompts * k completions, all generated
+at once), bf16 on CUDA, no gradient checkpointing, and a cheap reward (the share of digits); it is timed over
+--trl_steps optimizer steps after one warm-up step. On a CPU the ratio is also given in CPU seconds of this
+process per step, which other jobs on a shared machine disturb less than wall time (with OMP_NUM_THREADS=1).
+On CUDA, transformers' generate uses a static cache (it compiles its forward; the warm-up call pays for that),
+or its default cache when that fails. A comparison that fails is reported and recorded; our figures stay.
+sampler times its decoders in interleaved rounds (median of --steps), so they share the load of a busy machine;
+step times ours, then transformers, then TRL, one after the other, so on a shared CPU its wall-clock ratios carry
+the load's drift: there the sampler ratio and step's CPU-seconds ratio to TRL are the steadier figures.
 """
 import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import sys
 import tempfile
+import time
+import traceback
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snapshot; never wait on the hub
 
 import torch
 
-from mini.bench_sampler import timed
-from mini.config import Config
+from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.dataset import TaskSampler, load_jsonl
+from mini.formats import legal_ucis
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
+from mini.positions import random_env_sample
+from mini.reward_scorer import score_batch
+from mini.runtime import autocast, peak_memory_mb, resolve_device
+from mini.sampler import generate, pad_left
 from mini.tokenizer import Tokenizer
 from mini.train import Trainer
 
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16
+# device peaks, matched in order against torch.cuda.get_device_name()
+PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0)]  # dense bf16
+PEAK_GBPS = [("H100 PCIe", 2000.0), ("H100", 3350.0), ("H200", 4800.0), ("A100", 2039.0)]  # HBM
+MODE_DEFAULTS = {"step": dict(n_layer=12, n_head=12, n_embd=768, prompts=64, k=16),
+                 "sampler": dict(n_layer=4, n_head=4, n_embd=256, prompts=4, k=4),
+                 "scoring": dict(prompts=500)}
+GET_TRL = 'pip install -e ".[bench]"'
 
 
-def sync(cuda):
-    if cuda:
+# ----------------------------------------------------------------------------- shared helpers
+
+def sync(device):
+    if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def grpo_step(tr):
-    """Trainer.train_step, by phases: (seconds per phase, completions, real tokens, completion tokens)."""
-    m = tr.train_step()
-    phases = {k: m[f"time_{k}"] for k in ("generate", "ref_logprobs", "score", "update")}
-    tokens = m["prompt_tokens"] + m["completion_tokens"]
-    return phases, tr.cfg.batch_size * tr.cfg.k_samples, tokens, m["completion_tokens"]
+def timed(fns, repeats):
+    """{name: median seconds of fn()} over `repeats` rounds that call every fn in turn: on a shared machine,
+    interleaving exposes them all to the same load."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n_layer", type=int, default=12)
-    p.add_argument("--n_head", type=int, default=12)
-    p.add_argument("--n_embd", type=int, default=768)
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--k", type=int, default=16)
-    p.add_argument("--new_tokens", type=int, default=64)
-    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    p.add_argument("--score_workers", type=int, default=0)
-    p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")
-    p.add_argument("--no_transformers", action="store_true", help="skip the transformers comparison")
-    a = p.parse_args()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, n_positions=256))
-    with tempfile.TemporaryDirectory() as d:
-        path = save_model(model, Tokenizer.gpt2(), f"{d}/model")
-        cfg = Config(model_path=path, log_dir=f"{d}/logs", run_name="bench", batch_size=a.prompts, k_samples=a.k,
-                     max_new_tokens=a.new_tokens, eval_every=0, save_every=0, score_workers=a.score_workers)
-        tr = Trainer(cfg)
-        cuda = tr.cuda
-        grpo_step(tr)  # warm-up
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        runs = [grpo_step(tr) for _ in range(a.steps)]
-    phases = {k: sum(r[0][k] for r in runs) / a.steps for k in runs[0][0]}
-    n, tokens, comp_tokens = runs[0][1], runs[0][2], runs[0][3]
-    step_s = sum(phases.values())
+def device_peak(table, device):
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((v for k, v in table if k in name), 0.0)
 
-    wte = tr.model.transformer.wte.weight.numel()
-    body = tr.model.num_params() - wte  # the tied embedding is counted once, as the output projection
-    flops = 6 * (body * tokens + wte * comp_tokens)
-    peak = a.peak_tflops or next((v for k, v in PEAK_TFLOPS.items()
-                                  if cuda and k in torch.cuda.get_device_name()), 0.0)
-    device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{device}: {tr.model.num_params() / 1e6:.1f}M params, {a.prompts} prompts x {a.k} = {n} completions "
-          f"of {a.new_tokens} tokens, mean of {a.steps} steps")
-    for k, v in phases.items():
-        print(f"  {k:14s} {v:8.3f} s  ({100 * v / step_s:4.1f}%)")
-    print(f"  rollout        {comp_tokens / phases['generate']:10.0f} tokens/s")
-    print(f"  end to end     {n / step_s:10.1f} completions/s ({step_s:.2f} s per step)")
-    print(f"  training phase {flops / phases['update'] / 1e12:10.2f} TFLOP/s"
-          + (f", MFU {flops / phases['update'] / 1e12 / peak:.1%} of {peak:.0f}" if peak else " (MFU: pass --peak_tflops)"))
-    if cuda:
-        print(f"  peak memory    {torch.cuda.max_memory_allocated() / 2**30:10.2f} GiB")
 
-    if a.no_transformers:
-        return
+def device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+
+
+def pool_prompts(n, seed=0):
+    """n real mixed P:/A: prompts (text) from the shipped pool, A: share as in training."""
+    return [s.prompt for s in TaskSampler(load_jsonl(POOL_PATH), Config.mix_env_ratio, seed=seed).draw(n)]
+
+
+def hf_generate(model, tok, prompts, new_tokens, device, cfg):
+    """(run, version, cache): run() is transformers' generate of exactly new_tokens tokens for each prompt
+    (token-id lists) on a copy of `model`'s weights, already warmed up; None when transformers is absent."""
     try:
         import transformers
     except ImportError:
-        print("transformers not installed: no comparison")
-        return
+        return None
+    transformers.utils.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as d:
-        hf = transformers.GPT2LMHeadModel.from_pretrained(save_model(tr.model, tr.tok, d)).to(tr.device).eval()
-    rows = tr.sampler.draw(a.prompts)
-    enc = [tr.tok.encode(s.prompt) for s in rows for _ in range(a.k)]
-    T = max(map(len, enc))
-    ids = torch.tensor([[50256] * (T - len(e)) + e for e in enc], device=tr.device)
-    mask = (torch.arange(T, device=tr.device)[None] >= torch.tensor([T - len(e) for e in enc], device=tr.device)[:, None])
-    kwargs = dict(attention_mask=mask.long(), max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
-                  do_sample=True, top_k=0, pad_token_id=50256)
-    if cuda:
-        kwargs["cache_implementation"] = "static"
-    with tr.autocast(), torch.no_grad():
-        hf.generate(ids, **kwargs)
-        hf_s = timed(lambda: (hf.generate(ids, **kwargs), sync(cuda)), a.steps)
-    print(f"transformers {transformers.__version__} generate alone: {n / hf_s:.1f} completions/s; "
-          f"our whole GRPO step is {(n / step_s) / (n / hf_s):.2f}x its generation alone, "
-          f"our rollout {hf_s / phases['generate']:.2f}x faster")
+        hf = transformers.GPT2LMHeadModel.from_pretrained(save_model(model, tok, d)).to(device).eval()
+    ids, mask = pad_left(prompts, tok.eos_token_id, device)
+    kwargs = dict(attention_mask=mask.long(), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                  do_sample=True, top_k=0, pad_token_id=tok.eos_token_id)
+    if device.type == "cuda":
+        kwargs["cache_implementation"] = "static"  # its fastest decoding: a static cache, compiled
+
+    def run():
+        with autocast(device, cfg), torch.no_grad():
+            hf.generate(ids, **kwargs)
+        sync(device)
+
+    try:
+        run()  # warm-up (and compilation)
+    except Exception as e:  # noqa: BLE001
+        if "cache_implementation" not in kwargs:
+            raise
+        print(f"transformers generate with a static cache failed ({type(e).__name__}: {str(e)[:200]}); "
+              "timing its default dynamic cache")
+        del kwargs["cache_implementation"]
+        run()
+    return run, transformers.__version__, kwargs.get("cache_implementation", "dynamic")
+
+
+# ----------------------------------------------------------------------------- step: ours, transformers, TRL
+
+def free_memory(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def guarded(out, name, fn, *args):
+    """fn(*args), a comparison: one that fails (a library version, memory) leaves our figures and says why."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 (reported, and recorded in the figures)
+        traceback.print_exc()
+        out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+        print(f"{name} comparison failed: {out[f'{name}_error']}")
+
+
+def ours(a, cfg, device):
+    """Our figures (the dict step prints and writes), and the Trainer, from --steps timed Trainer.train_step
+    calls after one warm-up step."""
+    tr = Trainer(cfg)
+    if a.auto_batch_size:
+        tr.choose_batch_size()
+        a.prompts = cfg.batch_size
+    tr.train_step()  # warm-up (and compilation)
+    rows = []
+    for _ in range(a.steps):
+        c0 = time.process_time()  # this process's CPU seconds: steadier than wall time on a shared CPU
+        rows.append(tr.train_step())
+        rows[-1]["cpu_step_s"] = time.process_time() - c0
+    tr.scorer.close()
+    med = sorted(rows, key=lambda r: r["time_step"])[len(rows) // 2]  # the median step
+    phases = {k: med[f"time_{k}"] for k in ("generate", "ref_logprobs", "score", "update")}
+    n, step_s, cpu_step_s = a.prompts * a.k, med["time_step"], med["cpu_step_s"]
+    prompt_tokens, comp_tokens = med["prompt_tokens"], med["completion_tokens"]
+    model, c = tr.model, tr.model.config
+    wte = model.transformer.wte.weight.numel()
+    body = model.num_params() - wte  # the tied embedding counted once, as the output projection
+    flops = 6 * (body * (prompt_tokens + comp_tokens) + wte * comp_tokens) * cfg.num_iterations
+    tflops = flops / phases["update"] / 1e12
+    peak_tflops = a.peak_tflops or device_peak(PEAK_TFLOPS, device)
+    b = 2 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else 4  # bytes per weight and cached value
+    decode_bytes = b * model.num_params() + 2 * c.n_layer * c.n_embd * b * n * (prompt_tokens / n + a.new_tokens / 2)
+    gbps = decode_bytes / (phases["generate"] / a.new_tokens) / 1e9
+    peak_gbps = a.peak_gbps or device_peak(PEAK_GBPS, device)
+    out = dict(device=device_name(device), params_m=model.num_params() / 1e6, prompts=a.prompts, k=a.k, completions=n,
+               new_tokens=a.new_tokens, steps=a.steps, micro_batch_size=a.micro_batch_size,
+               dtype="bf16" if b == 2 else "fp32", compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
+               seconds=phases, step_s=step_s, cpu_step_s=cpu_step_s, rollout_tok_s=comp_tokens / phases["generate"],
+               completions_s=n / step_s,
+               train_tflops=tflops, mfu=tflops / peak_tflops if peak_tflops else None, peak_tflops=peak_tflops or None,
+               peak_mem_mb=max(r["peak_mem_mb"] for r in rows), decode_gbps=gbps,
+               roofline_share=gbps / peak_gbps if peak_gbps else None, peak_gbps=peak_gbps or None)
+    print(f"{out['device']}: {out['params_m']:.1f}M params, {a.prompts} prompts x {a.k} = {n} completions of "
+          f"{a.new_tokens} tokens, micro-batch {a.micro_batch_size or n}, {out['dtype']}"
+          f"{', compiled decode' if a.compile_decode else ''}, median of {a.steps} steps")
+    for k, v in phases.items():
+        print(f"  {k:14s} {v:8.3f} s  ({100 * v / step_s:4.1f}%)")
+    print(f"  rollout        {out['rollout_tok_s']:10.0f} tokens/s")
+    print(f"  end to end     {out['completions_s']:10.1f} completions/s ({step_s:.2f} s per step)")
+    print(f"  training phase {tflops:10.2f} TFLOP/s"
+          + (f", MFU {out['mfu']:.1%} of {peak_tflops:.0f}" if peak_tflops else " (MFU: pass --peak_tflops)"))
+    print(f"  decode         {gbps:10.1f} GB/s of weight and KV-cache reads"
+          + (f", {out['roofline_share']:.1%} of the {peak_gbps:.0f} GB/s roofline" if peak_gbps else ""))
+    print(f"  peak memory    {out['peak_mem_mb'] / 1024:10.2f} GiB")
+    return out, tr
+
+
+def versus_transformers(out, tr, a, cfg, device):
+    """transformers' generate alone on the same weights, prompts of the same pool, the same shape."""
+    n = a.prompts * a.k
+    prompts = [tr.tok.encode(p) for p in pool_prompts(a.prompts, a.seed + 1) for _ in range(a.k)]
+    hf = hf_generate(tr.model, tr.tok, prompts, a.new_tokens, device, cfg)
+    if hf is None:
+        print("transformers comparison skipped: transformers is not installed (pip install transformers)")
+        return
+    run, version, cache = hf
+    hf_s = timed({"hf": run}, a.steps)["hf"]
+    out.update(hf_version=version, hf_cache=cache, hf_generate_s=hf_s, hf_rollout_tok_s=n * a.new_tokens / hf_s,
+               hf_completions_s=n / hf_s)
+    out["rollout_vs_hf"] = out["rollout_tok_s"] / out["hf_rollout_tok_s"]
+    print(f"transformers {version} generate alone ({cache} cache): {n / hf_s:.1f} completions/s; our whole GRPO "
+          f"step is {out['completions_s'] / out['hf_completions_s']:.2f}x its generation alone, our rollout "
+          f"{out['rollout_vs_hf']:.2f}x faster")
+
+
+def versus_trl(out, snapshot, a, cfg, device, workdir):
+    """trl.GRPOTrainer on the same snapshot and pool, K, forced length, KL coefficient, loss, micro-batch and
+    dtype: --trl_steps optimizer steps timed after one warm-up step."""
+    try:
+        import datasets
+        import transformers
+        import trl
+    except ImportError as e:
+        print(f"TRL comparison skipped: {e.name or e} is not installed ({GET_TRL} installs trl and transformers)")
+        return
+    transformers.utils.logging.disable_progress_bar()
+    n = a.prompts * a.k
+    mb = min(cfg.micro_batch_size or n, n)
+    mb = max(d for d in range(1, mb + 1) if n % d == 0)  # TRL's micro-batches must make up the batch exactly
+    cuda = device.type == "cuda"
+    args = trl.GRPOConfig(
+        output_dir=os.path.join(workdir, "trl"), report_to="none", save_strategy="no", logging_strategy="no",
+        disable_tqdm=True, use_cpu=not cuda, seed=cfg.seed, max_steps=1 + a.trl_steps, shuffle_dataset=False,
+        per_device_train_batch_size=mb, gradient_accumulation_steps=n // mb, num_generations=a.k,
+        max_completion_length=a.new_tokens, generation_kwargs={"min_new_tokens": a.new_tokens},
+        temperature=cfg.temperature, top_k=cfg.top_k, beta=cfg.kl_coef, loss_type=cfg.loss_type,
+        epsilon=cfg.clip_eps_low, epsilon_high=cfg.clip_eps_high, num_iterations=cfg.num_iterations,
+        scale_rewards=cfg.scale_rewards, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, max_grad_norm=cfg.grad_clip,
+        bf16=cuda and cfg.bf16, gradient_checkpointing=cfg.grad_checkpointing, disable_dropout=True)
+
+    def digit_share(completions, **kwargs):  # cheap, and it varies within a group
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    stamps, lengths = [], []
+
+    class Clock(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            sync(device)
+            stamps.append((time.perf_counter(), time.process_time()))
+            if cuda and len(stamps) == 1:
+                torch.cuda.reset_peak_memory_stats()
+            try:  # TRL's own count of completion tokens (a private attribute: skipped if it moves)
+                lengths.append(trainer._metrics["train"]["completions/mean_length"][-1])
+            except (AttributeError, KeyError, IndexError):
+                pass
+
+    prompts = pool_prompts(a.prompts * (a.trl_steps + 1), a.seed + 2)
+    trainer = trl.GRPOTrainer(
+        model=snapshot, reward_funcs=digit_share, args=args, callbacks=[Clock()],
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+        processing_class=transformers.AutoTokenizer.from_pretrained(snapshot))  # vocab.json + merges.txt, offline
+    trainer.remove_callback(transformers.PrinterCallback)  # its end-of-training dict of metrics
+    trainer.train()
+    out["trl_completion_tokens"] = statistics.mean(lengths) if lengths else None  # forced: new_tokens
+    steps = sorted((t1 - t0, c1 - c0) for (t0, c0), (t1, c1) in zip(stamps, stamps[1:]))
+    step_s, cpu_step_s = steps[len(steps) // 2]  # the median step, as ours
+    out.update(trl_version=trl.__version__, trl_micro_batch_size=mb, trl_step_s=step_s, trl_cpu_step_s=cpu_step_s,
+               trl_completions_s=n / step_s, ours_vs_trl=step_s / out["step_s"],
+               ours_vs_trl_cpu_time=cpu_step_s / out["cpu_step_s"],
+               trl_peak_mem_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_memory_mb(device))
+    print(f"TRL {trl.__version__} GRPOTrainer: {out['trl_completions_s']:.1f} completions/s ({step_s:.2f} s per step, "
+          f"peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB); ours {out['completions_s']:.1f}: "
+          f"ours/TRL = {out['ours_vs_trl']:.2f}x"
+          + ("" if cuda else f" (by CPU seconds per step, {out['ours_vs_trl_cpu_time']:.2f}x)"))
+
+
+def bench_step(a):
+    device = resolve_device(a.device)
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(a.seed)
+        model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, n_positions=256))
+        snapshot = save_model(model, Tokenizer.gpt2(), f"{d}/model")
+        del model
+        cfg = Config(model_path=snapshot, device=a.device, log_dir=f"{d}/logs", run_name="bench", seed=a.seed,
+                     batch_size=a.prompts, k_samples=a.k, max_new_tokens=a.new_tokens, eval_every=0, save_every=0,
+                     score_workers=a.score_workers, micro_batch_size=a.micro_batch_size, bf16=a.bf16,
+                     compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size)
+        out, tr = ours(a, cfg, device)
+        if not a.no_transformers:
+            guarded(out, "transformers", versus_transformers, out, tr, a, cfg, device)
+        del tr
+        free_memory(device)
+        if not a.no_trl:
+            guarded(out, "trl", versus_trl, out, snapshot, a, cfg, device, d)
+            free_memory(device)
+    return {"mode": "step", **out}
+
+
+# ----------------------------------------------------------------------------- sampler
+
+@torch.no_grad()
+def generate_full_recompute(model, prompts, max_new_tokens):
+    """The naive baseline: every new token runs the whole sequence again (no cache; the vocabulary projection on
+    the last position only), sampling at T=1."""
+    ids, mask = pad_left(prompts, 50256, next(model.parameters()).device)
+    for _ in range(max_new_tokens):
+        probs = torch.softmax(model.lm_head(model.hidden(ids, mask)[:, -1]).float(), -1)
+        ids = torch.cat([ids, torch.multinomial(probs, 1)], 1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return ids
+
+
+def bench_sampler(a):
+    device = resolve_device(a.device)
+    cfg = Config(bf16=a.bf16)
+    tok = Tokenizer.gpt2()
+    torch.manual_seed(a.seed)
+    model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, n_positions=256)).to(device).eval()
+    prompts = [tok.encode(p) for p in pool_prompts(a.prompts, a.seed) for _ in range(a.k)]
+    tokens = len(prompts) * a.new_tokens  # random weights almost never sample EOS: every row runs to the end
+    extra = {"compile_decode": True} if a.compile_decode else {}
+
+    def ours():
+        with autocast(device, cfg):
+            generate(model, prompts, a.new_tokens, **extra)
+        sync(device)
+
+    def recompute():
+        with autocast(device, cfg):
+            generate_full_recompute(model, prompts, a.new_tokens)
+        sync(device)
+
+    print(f"{device_name(device)}: {model.num_params() / 1e6:.1f}M params, {len(prompts)} rows ({a.prompts} prompts "
+          f"x {a.k}), prompts ~{sum(map(len, prompts)) // len(prompts)} tokens, {a.new_tokens} new tokens, "
+          f"median of {a.steps} interleaved rounds")
+    out = {"mode": "sampler", "device": device_name(device), "rows": len(prompts), "new_tokens": a.new_tokens}
+    ours()  # warm-up (and compilation)
+    recompute()
+    fns = {"ours": ours, "recompute": recompute}
+    names = {"ours": "ours: generate (KV cache, shared prefill)", "recompute": "full recompute per token"}
+    hf = hf_generate(model, tok, prompts, a.new_tokens, device, cfg)
+    if hf is None:
+        print("transformers not installed: its row is skipped")
+    else:
+        fns["hf"], out["hf_version"], out["hf_cache"] = hf
+        names["hf"] = f"transformers {hf[1]} generate ({hf[2]} cache)"
+    for key, seconds in timed(fns, a.steps).items():
+        out[f"{key}_tok_s"] = tokens / seconds
+    for key, name in names.items():
+        rate = out[f"{key}_tok_s"]
+        print(f"{name:50s} {rate:9.0f} tok/s   ours is {out['ours_tok_s'] / rate:5.2f}x this")
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def policy_variants(s, rng):
+    ref = s.completion
+    other = rng.choice(sorted(legal_ucis(s.fen)))
+    return [ref,
+            ref.replace("B: " + s.best, "B: " + other),
+            ref.replace(s.moves[-1], "a1a1", 1),
+            " M: " + " ".join(s.moves) + " E: " + " ".join(str(e + 0.3) for e in s.evals) + " B: " + s.best,
+            ref[:rng.randrange(1, len(ref))],
+            "".join(rng.choice("abcdefgh12345678 MEB:.-") for _ in range(60))]
+
+
+def env_variants(s, rng):
+    ref = s.completion
+    i = rng.randrange(len(s.next_fen))
+    return [ref,
+            ref[:i] + ("x" if ref[i] != "x" else "y") + ref[i + 1:],
+            ref[:-3] + ("0" if s.terminated else "1") + ref[-2:],
+            f"{s.fen}+0.001+0+0",  # the position not updated
+            ref.replace(f"+{s.reward}+", "+0.5+"),
+            ref[:rng.randrange(1, len(ref))],
+            "".join(rng.choice("rnbqkpRNBQKP12345678/ w-+.") for _ in range(60))]
+
+
+def bench_scoring(a):
+    """Completions/s on one core on the first --prompts shipped eval positions: the reference, mutated
+    completions (other best move, illegal candidate, shifted evals, wrong FEN character, FEN not updated, wrong
+    flags, cut short) and garbage, in equal shares. Legal moves are computed once per position, as for a group
+    of completions."""
+    rng = random.Random(a.seed)
+    policy = load_jsonl(EVAL_PATH)[:a.prompts]
+    env = [random_env_sample(s.fen, s.history, rng) for s in policy]
+    out = {"mode": "scoring"}
+    for task, samples, variants in (("P", policy, policy_variants), ("A", env, env_variants)):
+        pairs = [(s, c) for s in samples for c in variants(s, rng)]
+        ss, cs = [s for s, _ in pairs], [c for _, c in pairs]
+        best = float("inf")
+        for _ in range(3):
+            legal_ucis.cache_clear()
+            t = time.perf_counter()
+            score_batch(ss, cs)
+            best = min(best, time.perf_counter() - t)
+        out[f"{task}_completions_s"] = len(pairs) / best
+        print(f"{task}: {len(pairs) / best:,.0f} completions/s per core ({len(pairs)} completions: reference, "
+              "mutated, garbage)")
+    return out
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", nargs="?", default="step", choices=list(MODE_DEFAULTS))
+    p.add_argument("--n_layer", type=int, help="model shape (default: step 12 x 12 heads x 768, sampler 4 x 4 x 256)")
+    p.add_argument("--n_head", type=int)
+    p.add_argument("--n_embd", type=int)
+    p.add_argument("--prompts", type=int, help="distinct prompts per step (default: step 64, sampler 4; scoring: "
+                   "eval positions, 500)")
+    p.add_argument("--k", type=int, help="completions per prompt (default: step 16, sampler 4)")
+    p.add_argument("--new_tokens", type=int, default=64, help="completion length")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (sampler: repeats) after one warm-up")
+    p.add_argument("--micro_batch_size", type=int, default=128, help="completions per forward/backward (0: all)")
+    p.add_argument("--bf16", dest="bf16", action="store_true", help="bf16 autocast on CUDA (default)")
+    p.add_argument("--no_bf16", dest="bf16", action="store_false")
+    p.add_argument("--compile_decode", action="store_true", help="the compiled static-shape decode step")
+    p.add_argument("--auto_batch_size", action="store_true", help="step: let the Trainer pick the batch size first")
+    p.add_argument("--score_workers", type=int, default=0)
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")
+    p.add_argument("--peak_gbps", type=float, default=0.0, help="memory bandwidth peak (default: known GPUs)")
+    p.add_argument("--no_transformers", action="store_true", help="step: skip the transformers comparison")
+    p.add_argument("--no_trl", action="store_true", help="step: skip the TRL comparison")
+    p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
+    p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
+    p.set_defaults(bf16=True)
+    a = p.parse_args(argv)
+    for k, v in MODE_DEFAULTS[a.mode].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring}[a.mode](a)
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump({"argv": sys.argv[1:] if argv is None else argv, **out}, f, indent=1)
+        print(f"wrote {a.json}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

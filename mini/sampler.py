@@ -9,7 +9,6 @@ import weakref
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class KVCache:
@@ -154,29 +153,29 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     u = None if temperature == 0 else F.pad(
         torch.rand(max_new_tokens, N, device=device, generator=generator), (0, Nb - N))  # (max_new_tokens, Nb)
 
-    # cuDNN attention plans anew for each new shape (ms of CPU); efficient attention takes the bool mask as is
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        # prefill each distinct prompt once, then copy its keys and values to the rows that share it
-        prefill = KVCache(model.config, U, Tp, device, dtype)
-        logits = model.lm_head(model.hidden(ids, mask, cache=prefill)[:, -1])  # (U, vocab)
-        cache.load(prefill, row_of)
-        del prefill
-        nxt, logp = sample_next(logits[row_of], temperature, top_k, u=None if u is None else u[0])  # (Nb,)
+    # every decode step has the same shapes, so attention's default backend (cuDNN on an H100) plans once
+    # per call: at 124M and 1024 rows, 7.9 ms a token eagerly, against 10.7 with efficient attention
+    # prefill each distinct prompt once, then copy its keys and values to the rows that share it
+    prefill = KVCache(model.config, U, Tp, device, dtype)
+    logits = model.lm_head(model.hidden(ids, mask, cache=prefill)[:, -1])  # (U, vocab)
+    cache.load(prefill, row_of)
+    del prefill
+    nxt, logp = sample_next(logits[row_of], temperature, top_k, u=None if u is None else u[0])  # (Nb,)
 
-        tokens = torch.full((Nb, max_new_tokens), eos_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(Nb, max_new_tokens, dtype=torch.float32, device=device)
-        finished = torch.arange(Nb, device=device) >= N  # (Nb,)
-        for t in range(max_new_tokens):
-            nxt = torch.where(finished, eos_id, nxt)  # (Nb,)
-            tokens[:, t] = nxt
-            logprobs[:, t] = logp.masked_fill(finished, 0.0)
-            finished |= nxt == eos_id
-            if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(finished.all())):
-                break
-            if compile_decode:
-                torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
-            logits = step(model, cache, nxt)  # (Nb, vocab)
-            nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
+    tokens = torch.full((Nb, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(Nb, max_new_tokens, dtype=torch.float32, device=device)
+    finished = torch.arange(Nb, device=device) >= N  # (Nb,)
+    for t in range(max_new_tokens):
+        nxt = torch.where(finished, eos_id, nxt)  # (Nb,)
+        tokens[:, t] = nxt
+        logprobs[:, t] = logp.masked_fill(finished, 0.0)
+        finished |= nxt == eos_id
+        if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(finished.all())):
+            break
+        if compile_decode:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
+        logits = step(model, cache, nxt)  # (Nb, vocab)
+        nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
 
     tokens, logprobs = tokens[:N].cpu().tolist(), logprobs[:N].cpu()
     out = []

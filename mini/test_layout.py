@@ -17,9 +17,9 @@ LAYERS = [
     "reward_scorer", "grpo",               # rewards; the objective as tensor functions
     "runs", "evaluate", "chess_eval",      # run directories; held-out metrics; chess skill
     "train",                               # the GRPO loop
-    "sft", "bench",                        # scripts
+    "sft", "bench", "mutants",             # scripts
 ]
-SCRIPTS = {"sft", "bench"}  # entry points only (train, evaluate and annotate have a CLI and are imported too)
+SCRIPTS = {"sft", "bench", "mutants"}  # entry points only (train, evaluate and annotate have a CLI and are imported too)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -37,6 +37,24 @@ def test_policy_alterations_in_order():
     assert r(ref + " B: b3b5") == -0.3 and r(ref.replace("E:", "E: 1.0")) == -0.3  # two bests, 6 evals
 
 
+def test_repeating_a_move_cannot_raise_a_policy_reward():
+    s = parse_line(P_LINES[0])  # best b3b5 (-0.8) of 5 labelled moves
+    for move, ev in zip(s.moves, s.evals):
+        once = score(s, f" M: {move} E: {ev} B: b3b5")[0]
+        for repeats in (2, 5):
+            assert score(s, f" M: {' '.join([move] * repeats)} E: {' '.join([str(ev)] * repeats)} B: b3b5")[0] == once
+    best_five_times = " M: b3b5 b3b5 b3b5 b3b5 b3b5 E: -0.8 -0.8 -0.8 -0.8 -0.8 B: b3b5"
+    assert score(s, best_five_times)[0] == pytest.approx(0.2 + 0.8 * (0.5 + 0.3 / 5 + 0.2))  # 0.808, not 1.0
+
+
+@pytest.mark.parametrize("n_labelled", [1, 2, 3])
+def test_a_perfect_answer_scores_one_with_fewer_than_five_labelled_moves(n_labelled):
+    moves, evals = ["a1a8", "g1f2", "a1a2"][:n_labelled], [999.99, 0.5, 0.1][:n_labelled]
+    s = policy_sample("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", moves, evals)
+    reward, comps = score(s, s.completion)
+    assert reward == 1.0 and comps["candidates"] == 1.0  # candidates divide by the labelled moves, not by 5
+
+
 def test_black_label_bug_and_stockfish_truth():
     """Against its own labels a line's B: is best (for Black the generator's weakest move); against
     Stockfish's ranking (as in the shipped data) PV1 gets full credit."""

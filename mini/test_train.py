@@ -1,21 +1,32 @@
-"""The training loop end to end on a tiny model: files, resume after SIGKILL, NaN recovery, KL stop,
-signals, the LR schedule and the optimizer groups.
+"""The training loop end to end on a tiny model: files, resume after SIGKILL with every piece of state,
+NaN recovery, KL stop, signals, the LR schedule and the optimizer groups; and a policy gradient that
+moves the policy the way the reward points.
+
+A random model's completions all score -0.3 (no advantage, no policy gradient), so the end-to-end
+runs score with scripted_score: the real components, and a reward keyed on the completion's text that
+varies within a group; ScoringPool's worker processes get it too. Subprocess runs get it (and the
+injected failures) from hooked_main.
+mini/test_reference_step.py checks one update against a naive reference.
 
     python mini/test_train.py
 """
+import concurrent.futures
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
+import mini.reward_scorer as reward_scorer
 import mini.train as train
-from mini.config import Config
+from mini.config import Config, parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.runs import load_checkpoint
@@ -23,78 +34,56 @@ from mini.runtime import lr_factor
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
+EOS = 50256
+NEVER = 0  # "!": tiny_gpt gives it a logit bias of -50, so it is never sampled
+QUEEN, KNIGHT, BISHOP, ROOK = 16599, 22062, 24233, 10929  # " queen", " knight", " bishop", " rook"
+
+
+def tiny_gpt(eos_bias, biases=None):
+    """A random 2-layer GPT-2 with a fixed logit bias per token: dimension 0 of the last hidden state is
+    the constant 1 (ln_f weight 0, bias 1), so wte[:, 0], tied to lm_head, adds to every logit. The EOS
+    bias makes completions stop at varied lengths (eos_bias / temperature ~ 8.6: ~10% per token)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=256))
+    with torch.no_grad():
+        model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, 1.0
+        for token, bias in {EOS: eos_bias, NEVER: -50.0, **(biases or {})}.items():
+            model.transformer.wte.weight[token, 0] = bias
+    return model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    return save_model(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=256)), Tokenizer.gpt2(),
-                      str(tmp_path_factory.mktemp("tiny") / "model"))
+    return save_model(tiny_gpt(eos_bias=8.5), Tokenizer.gpt2(), str(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-def args(tiny, log_dir, run, steps, *extra):
-    # an entropy bonus moves the weights even while a random model's rewards carry no signal
-    return ["--model_path", tiny, "--log_dir", str(log_dir), "--run_name", run, "--steps", str(steps),
-            "--batch_size", "2", "--k_samples", "3", "--max_new_tokens", "12", "--eval_every", "0",
-            "--save_every", "2", "--entropy_coef", "0.05", "--lr", "1e-3", "--warmup_steps", "2", *extra]
+def scripted_reward(text):
+    """Deterministic, in [0, 1], and different for most pairs of random completions."""
+    return (sum(map(ord, text)) % 13) / 12
 
 
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+REAL_SCORE = reward_scorer.score
 
 
-def without_timing(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+def scripted_score(sample, completion, *args, **kwargs):
+    """reward_scorer.score with the reward replaced by scripted_reward; the components stay real."""
+    return scripted_reward(completion), REAL_SCORE(sample, completion, *args, **kwargs)[1]
 
 
-def run_cli(argv):
-    return subprocess.run([sys.executable, "-m", "mini.train", *argv], capture_output=True, text=True, timeout=300)
+def use_scripted_score():
+    """Initializer of ScoringPool's worker processes: they score with scripted_score too."""
+    reward_scorer.score = scripted_score
 
 
-def test_a_short_run_writes_everything(tiny, tmp_path):
-    assert train.main(args(tiny, tmp_path, "r", 20, "--eval_every", "10", "--eval_n", "3")) == 0
-    run = tmp_path / "r"
-    metrics = read_jsonl(run / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, 21))
-    for key in ("loss", "policy_loss", "kl", "kl_coef", "reward_mean", "reward_std", "reward_mean_P", "format_valid_P",
-                "zero_var_share", "clip_frac", "entropy", "grad_norm", "lr", "completion_tokens", "time_generate",
-                "time_score", "time_update", "peak_mem_mb"):
-        assert all(key in m for m in metrics), key
-    assert "eval_reward" in metrics[9] and "eval_format_valid_A" in metrics[19]
-    assert metrics[0]["lr"] == pytest.approx(1e-3 / 2)  # warmup already applies to the first update
-    assert len(read_jsonl(run / "samples.jsonl")) == 20 * 2
-    log = (run / "train.log").read_text()
-    assert "Step 20 | Loss" in log and "| P/E " in log
-    assert json.loads((run / "config.json").read_text())["steps"] == 20
-    assert {"recovery.pt", "stable.pt", "step_000020.pt"} <= set(os.listdir(run / "checkpoints"))
-    assert len([f for f in os.listdir(run / "checkpoints") if f.startswith("step_")]) == 3  # keep_last
-    model, _ = load_model(str(run / "final"))
-    start, _ = load_model(tiny)
-    assert not torch.equal(model.transformer.wte.weight, start.transformer.wte.weight)  # it trained
+class ScriptedExecutor(concurrent.futures.ProcessPoolExecutor):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, initializer=use_scripted_score, **kwargs)
 
 
-def test_sigkill_then_auto_resume_equals_uninterrupted(tiny, tmp_path):
-    assert train.main(args(tiny, tmp_path, "straight", 6)) == 0
-    argv = args(tiny, tmp_path, "killed", 6)
-    proc = subprocess.Popen([sys.executable, "-m", "mini.train", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    while proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        time.sleep(0.05)
-    proc.kill()  # SIGKILL: no chance to save anything
-    proc.wait()
-    assert not (tmp_path / "killed" / "final").exists()
-    resumed = run_cli(argv + ["--auto_resume"])
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Resumed from" in (tmp_path / "killed" / "train.log").read_text()
-    a = without_timing(read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
-    b = without_timing(read_jsonl(metrics))
-    assert a == b
-    wa, _ = load_model(str(tmp_path / "straight" / "final"))
-    wb, _ = load_model(str(tmp_path / "killed" / "final"))
-    for (k, x), (_, y) in zip(wa.state_dict().items(), wb.state_dict().items()):
-        assert torch.equal(x, y), k
+def install_scripted_reward(mp):
+    """Every path to a reward (inline, worker processes) ends in reward_scorer.score: script it there."""
+    mp.setattr(reward_scorer, "score", scripted_score)
+    mp.setattr(concurrent.futures, "ProcessPoolExecutor", ScriptedExecutor)  # ScoringPool imports it when it starts workers
 
 
 def nan_loss_on(calls):
@@ -110,18 +99,193 @@ def nan_loss_on(calls):
     return loss
 
 
-def test_injected_nan_is_rolled_back(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "grpo_loss", nan_loss_on({4}))
-    assert train.main(args(tiny, tmp_path, "nan", 6)) == 0
-    run = tmp_path / "nan"
-    log = (run / "train.log").read_text()
-    assert "rolled back to step 2" in log and "lr scale now 0.5" in log
-    assert os.path.exists(run / "checkpoints" / "debug_step_000003.pt")
+def install_test_hooks(mp, nan_call=None, kill_after_step=None):
+    """The scripted reward; a NaN loss at grpo_loss call nan_call (the trainer rolls back); SIGKILL right
+    after step kill_after_step is logged (no chance to save anything)."""
+    install_scripted_reward(mp)
+    if nan_call is not None:
+        mp.setattr(train, "grpo_loss", nan_loss_on({nan_call}))
+    if kill_after_step is not None:
+        finish_step = train.Trainer.finish_step
+
+        def finish_then_die(self, m, r):
+            finish_step(self, m, r)
+            if self.step == kill_after_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+        mp.setattr(train.Trainer, "finish_step", finish_then_die)
+
+
+def hooked_main(argv, nan_call=None, kill_after_step=None):
+    """train.main under install_test_hooks; in a subprocess: python -c HOOKED NAN_CALL KILL_AFTER ARGS..."""
+    with pytest.MonkeyPatch.context() as mp:
+        install_test_hooks(mp, nan_call, kill_after_step)
+        return train.main(argv)
+
+
+HOOKED = ("import sys; from mini.test_train import hooked_main; "
+          "n = lambda x: int(x) if x != '-' else None; sys.exit(hooked_main(sys.argv[3:], n(sys.argv[1]), n(sys.argv[2])))")
+
+
+def run_hooked_cli(argv, nan_call=None, kill_after_step=None):
+    n = lambda x: "-" if x is None else str(x)
+    return subprocess.run([sys.executable, "-c", HOOKED, n(nan_call), n(kill_after_step), *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(autouse=True)
+def scripted_rewards(monkeypatch):
+    install_scripted_reward(monkeypatch)
+
+
+def args(tiny, log_dir, run, steps, *extra):
+    # scripted rewards give advantages; the entropy bonus is one more term through the whole loop
+    return ["--model_path", tiny, "--log_dir", str(log_dir), "--run_name", run, "--steps", str(steps),
+            "--batch_size", "2", "--k_samples", "3", "--max_new_tokens", "8", "--eval_every", "0",
+            "--save_every", "2", "--entropy_coef", "0.05", "--lr", "1e-3", "--warmup_steps", "2", *extra]
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def without_timing(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def assert_same_state(a, b, where="state"):
+    """Checkpoint contents equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def test_a_short_run_writes_everything(tiny, tmp_path):
+    assert train.main(args(tiny, tmp_path, "r", 6, "--eval_every", "3", "--eval_n", "3", "--keep_last", "2")) == 0
+    run = tmp_path / "r"
     metrics = read_jsonl(run / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, 7)) and all(math.isfinite(m["loss"]) for m in metrics)
-    assert metrics[-1]["lr"] < 1e-3 * 0.5 + 1e-12
+    assert [m["step"] for m in metrics] == list(range(1, 7))
+    for key in ("loss", "policy_loss", "kl", "kl_coef", "reward_mean", "reward_std", "reward_mean_P", "format_valid_P",
+                "zero_var_share", "clip_frac", "entropy", "grad_norm", "lr", "completion_tokens", "time_generate",
+                "time_score", "time_update", "peak_mem_mb"):
+        assert all(key in m for m in metrics), key
+    assert "eval_reward" in metrics[2] and "eval_format_valid_A" in metrics[5]
+    assert metrics[0]["lr"] == pytest.approx(1e-3 / 2)  # warmup already applies to the first update
+    assert all(m["zero_var_share"] < 1 and m["adv_abs_mean"] > 0 for m in metrics)  # a policy gradient every step
+    assert len(read_jsonl(run / "samples.jsonl")) == 6 * 2
+    log = (run / "train.log").read_text()
+    assert "Step 6 | Loss" in log and "| P/E " in log
+    assert json.loads((run / "config.json").read_text())["steps"] == 6
+    assert {"recovery.pt", "stable.pt", "step_000006.pt"} <= set(os.listdir(run / "checkpoints"))
+    assert sorted(f for f in os.listdir(run / "checkpoints") if f.startswith("step_")) == [
+        "step_000004.pt", "step_000006.pt"]  # keep_last
+    model, _ = load_model(str(run / "final"))
+    start, _ = load_model(tiny)
+    assert not torch.equal(model.transformer.wte.weight, start.transformer.wte.weight)  # it trained
+
+
+def test_a_rewarded_token_becomes_more_likely(tmp_path, monkeypatch):
+    """The policy gradient points up the reward: paid for each " queen" it says, the policy says it more
+    often after a few steps (the advantage's sign, end to end through Trainer)."""
+    snapshot = save_model(tiny_gpt(8.5, {QUEEN: 11.0, KNIGHT: 11.0, BISHOP: 11.0, ROOK: 11.0}), Tokenizer.gpt2(),
+                          str(tmp_path / "model"))  # four likely words, ~20% each
+    monkeypatch.setattr(reward_scorer, "score", lambda sample, completion, *a, **kw: (completion.count(" queen") / 8, {}))
+    trainer = train.Trainer(parse_args([
+        "--model_path", snapshot, "--log_dir", str(tmp_path), "--run_name", "queen", "--batch_size", "2",
+        "--k_samples", "4", "--max_new_tokens", "8", "--lr", "1e-2", "--warmup_steps", "1", "--eval_every", "0",
+        "--save_every", "0", "--kl_coef", "0"]))
+    prompt = torch.tensor([trainer.tok.encode("P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 ")])
+
+    @torch.no_grad()
+    def p_queen():
+        return torch.softmax(trainer.model(prompt)[0, -1], -1)[QUEEN].item()
+    before = p_queen()
+    rows = [trainer.train_step() for _ in range(4)]
+    assert all(m["zero_var_share"] < 1 for m in rows)
+    assert p_queen() > before + 0.1, (before, p_queen())  # ~0.24 -> ~0.46; a flipped sign drives it down
+
+
+STEPS = 6
+FULL_STATE = ("--adaptive_kl", "--baseline_type", "adaptive", "--use_gae")  # state beyond weights, optimizer and RNG
+NAN_CALL = 2  # the loss of step 2 is NaN: rolled back to the start (recovery.pt of step 0), lr_scale halved
+
+
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory):
+    """An uninterrupted run with every piece of non-default state: the adaptive KL coefficient, the
+    adaptive baseline's running mean and variance, the value head, an lr_scale halved by a rollback."""
+    log_dir = tmp_path_factory.mktemp("straight")
+    argv = args(tiny, log_dir, "straight", STEPS, *FULL_STATE)
+    assert hooked_main(argv, nan_call=NAN_CALL) == 0
+    return log_dir / "straight", parse_args(argv)
+
+
+def test_injected_nan_is_rolled_back(straight):
+    run, cfg = straight
+    log = (run / "train.log").read_text()
+    assert "non-finite loss or gradient: rolled back to step 0, lr scale now 0.5" in log
+    assert os.path.exists(run / "checkpoints" / "debug_step_000001.pt")
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)) and all(math.isfinite(m["loss"]) for m in metrics)
+    for m in metrics:  # the schedule times lr_scale, halved from the redone step 1 on
+        assert m["lr"] == pytest.approx(cfg.lr * lr_factor(m["step"] - 1, cfg) * 0.5)
+    assert all(m["zero_var_share"] < 1 and m["policy_loss"] != 0 for m in metrics)  # a policy gradient every step
+    state = load_checkpoint(str(run / "checkpoints" / f"step_{STEPS:06d}.pt"))
+    assert state["scheduler"]["lr_scale"] == 0.5 and state["kl_ctl"]["coef"] != cfg.kl_coef
+    assert state["baseline"]["var"]["P"] > 0 and state["value_head"]["v.weight"].abs().sum() > 0
     model, _ = load_model(str(run / "final"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def assert_same_final_state(a, b):
+    """The last checkpoints of two runs are equal, less the run's name and flags."""
+    sa, sb = (load_checkpoint(str(run / "checkpoints" / f"step_{STEPS:06d}.pt")) for run in (a, b))
+    for key in sa.keys() - {"run_name", "config"}:
+        assert_same_state(sa[key], sb[key], key)
+
+
+def test_sigkill_then_auto_resume_equals_uninterrupted(straight, tiny, tmp_path):
+    straight, _ = straight
+    argv = args(tiny, tmp_path, "killed", STEPS, *FULL_STATE)
+    killed = run_hooked_cli(argv, nan_call=NAN_CALL, kill_after_step=5)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run = tmp_path / "killed"
+    assert not (run / "final").exists() and len(read_jsonl(run / "metrics.jsonl")) == 5
+    for name in ("step_000004.pt", "recovery.pt"):  # both files of step 4 damaged: the one of step 2 is next
+        (run / "checkpoints" / name).write_bytes(b"garbage")
+    resumed = run_hooked_cli(argv + ["--auto_resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("it is damaged") == 2
+    assert f"Resumed from {run / 'checkpoints' / 'step_000002.pt'} at step 2" in (run / "train.log").read_text()
+    assert without_timing(read_jsonl(straight / "metrics.jsonl")) == without_timing(read_jsonl(run / "metrics.jsonl"))
+    assert read_jsonl(straight / "samples.jsonl") == read_jsonl(run / "samples.jsonl")
+    wa, wb = load_model(str(straight / "final"))[0].state_dict(), load_model(str(run / "final"))[0].state_dict()
+    assert_same_state(wa, wb, "final")
+    assert_same_final_state(straight, run)
+
+
+def test_resume_from_checkpoint_and_recovery_mode_continue_a_run(straight, tiny, tmp_path):
+    straight, _ = straight
+    step4 = straight / "checkpoints" / "step_000004.pt"
+    assert hooked_main(args(tiny, tmp_path, "from", STEPS, *FULL_STATE, "--resume_from_checkpoint", str(step4))) == 0
+    (tmp_path / "rec" / "checkpoints").mkdir(parents=True)
+    shutil.copy(step4, tmp_path / "rec" / "checkpoints" / "recovery.pt")  # this run's recovery checkpoint
+    assert hooked_main(args(tiny, tmp_path, "rec", STEPS, *FULL_STATE, "--recovery_mode")) == 0
+    want = without_timing(read_jsonl(straight / "metrics.jsonl"))[4:]
+    for run in (tmp_path / "from", tmp_path / "rec"):
+        assert without_timing(read_jsonl(run / "metrics.jsonl")) == want
+        assert_same_final_state(straight, run)
 
 
 def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys):
@@ -132,16 +296,24 @@ def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys
 
 
 def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
-    assert train.main(args(tiny, tmp_path, "inline", 2)) == 0
-    assert train.main(args(tiny, tmp_path, "pool", 2, "--score_workers", "2")) == 0
+    """The rewards differ from row to row, so scores returned out of order would change the logs."""
+    assert train.main(args(tiny, tmp_path, "inline", 2, "--loss_type", "dapo")) == 0
+    assert train.main(args(tiny, tmp_path, "pool", 2, "--loss_type", "dapo", "--score_workers", "2")) == 0
     a = without_timing(read_jsonl(tmp_path / "inline" / "metrics.jsonl"))
     assert a == without_timing(read_jsonl(tmp_path / "pool" / "metrics.jsonl"))
+    samples = read_jsonl(tmp_path / "inline" / "samples.jsonl")
+    assert samples == read_jsonl(tmp_path / "pool" / "samples.jsonl")
+    assert all(m["zero_var_share"] < 1 and m["policy_loss"] != 0 for m in a)
+    assert all(s["reward"] == scripted_reward(s["completion"]) for s in samples) and len({s["reward"] for s in samples}) > 1
 
 
 def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
-    assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12")) == 1
-    assert "exceeds --kl_threshold" in capsys.readouterr().err
-    assert os.path.exists(tmp_path / "kl" / "checkpoints" / "step_000002.pt")  # step 1 has KL 0, step 2 does not
+    assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12", "--save_every", "0")) == 1
+    assert "exceeds --kl_threshold 1e-12 at step 2" in capsys.readouterr().err
+    # step 1 has KL 0 (the policy is the reference), step 2 does not: the run stops right there, saved
+    assert [m["step"] for m in read_jsonl(tmp_path / "kl" / "metrics.jsonl")] == [1, 2]
+    saved = [f for f in os.listdir(tmp_path / "kl" / "checkpoints") if f.startswith("step_")]
+    assert saved == ["step_000002.pt"]
 
 
 def test_sigterm_saves_a_checkpoint(tiny, tmp_path):
