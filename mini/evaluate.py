@@ -214,13 +214,15 @@ def paired_bootstrap(before, after, n_boot=2000, seed=0):
     return rows
 
 
-def compare(before_json, after_json, n_boot=2000, seed=0):
-    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set."""
+def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
+    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set; with an
+    EngineReward (--compare A B --engine_quality) the move quality too, from the cached evals."""
     reports = [json.load(open(p)) for p in (before_json, after_json)]
     if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
         raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
     samples = load_eval_set("" if reports[0]["data"] == EVAL_PATH else reports[0]["data"], reports[0]["n_per_task"])
-    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"]) for r in reports)
+    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"], engine)
+                     for r in reports)
     return paired_bootstrap(before, after, n_boot, seed)
 
 
@@ -244,8 +246,11 @@ def main(argv=None):
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     args = p.parse_args(argv)
     if args.compare:
+        engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
+        if reason:
+            print(reason, file=sys.stderr)
         try:
-            rows = compare(*args.compare)
+            rows = compare(*args.compare, engine=engine)
         except (OSError, ValueError, KeyError) as e:
             sys.exit(f"evaluate.py: {e}")
         print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")

@@ -15,7 +15,8 @@ from mini.config import EVAL_PATH
 from mini.formats import parse_line
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
-from mini.reward_scorer import score
+from mini.annotate import find_stockfish
+from mini.reward_scorer import EngineReward, score
 from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
 
@@ -208,6 +209,12 @@ def test_compare_gives_paired_deltas_with_intervals(tmp_path):
     json.dump({**json.load(open(other)), "samples": []}, open(other, "w"))
     with pytest.raises(ValueError, match="same prompts"):
         ev.compare(garbage, other)
+    try:  # with the engine: move quality paired too (labelled moves need no search)
+        engine = EngineReward(find_stockfish(), cache_path="")
+    except FileNotFoundError:
+        return
+    b, a, d, lo, hi, n = ev.compare(garbage, labels, engine=engine)["eval_P_cpl"]
+    assert (b, a, n) == (1000, 0, 6) and lo == hi == d == -1000  # invalid costs the cap, the label's best move 0
 
 
 def test_paired_bootstrap_matches_the_normal_approximation():
