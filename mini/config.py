@@ -94,6 +94,7 @@ class Config:
     # evaluation, logging, checkpoints
     eval_every: int = opt(50, "held-out evaluation every so many steps (0: off)")
     eval_n: int = opt(100, "held-out prompts per task at each evaluation")
+    eval_chess: bool = opt(False, "add chess skill to each evaluation: mate in one on 100 positions, 16 self-play games")
     log_samples: int = opt(4, "prompts, completions and rewards written to samples.jsonl per step")
     save_every: int = opt(50, "regular checkpoint every so many steps (0: off)")
     keep_last: int = opt(3, "regular checkpoints kept")

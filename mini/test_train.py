@@ -330,6 +330,12 @@ def test_sigterm_saves_a_checkpoint(tiny, tmp_path):
     assert len(saved) == 1 and load_checkpoint(str(tmp_path / "term" / "checkpoints" / saved[0]))["step"] >= 1
 
 
+def test_chess_skill_joins_the_periodic_evaluation(tiny, tmp_path):
+    assert train.main(args(tiny, tmp_path, "chess", 2, "--eval_every", "2", "--eval_n", "2", "--eval_chess")) == 0
+    row = read_jsonl(tmp_path / "chess" / "metrics.jsonl")[-1]
+    assert 0 <= row["chess_mate_acc"] <= 1 and row["chess_selfplay_plies"] >= 0 and "eval_reward" in row
+
+
 def test_lr_schedule_by_hand():
     cfg = Config(steps=10, warmup_steps=2, decay_steps=2, min_lr_ratio=0.1)
     f = [lr_factor(s, cfg) for s in range(10)]

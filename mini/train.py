@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from mini import grpo
+from mini.chess_eval import quick_metrics
 from mini.config import parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
@@ -260,6 +261,8 @@ class Trainer:
             ev, _ = evaluate(self.model, self.tok, self.eval_samples, cfg.max_new_tokens, autocast=self.autocast(),
                              shaping=cfg.reward_shaping, engine=self.scorer.engine, compile_decode=cfg.compile_decode)
             m.update(ev)
+            if cfg.eval_chess:
+                m.update(quick_metrics(self.model, self.tok, max_new_tokens=cfg.max_new_tokens, autocast=self.autocast()))
             if ev["eval_reward"] > self.best_eval:
                 self.best_eval = ev["eval_reward"]
                 self.save("stable.pt")
