@@ -5,6 +5,7 @@ Benchmarks, in three modes (random weights; real RookWorld prompts from the ship
                                    # and TRL's GRPOTrainer on the same weights and prompts
     python mini/bench.py sampler   # our generate against full recompute per token and transformers' generate
     python mini/bench.py scoring   # reward scoring, completions/s on one core
+    python mini/bench.py scoring --engine   # and the --p_reward engine reward, cold and warm cache (Stockfish)
 
     python mini/bench.py                                       # 124M, 64 prompts x 16, micro-batch 128: a GPU
     python mini/bench.py --compile_decode --no_transformers --no_trl --json logs/bench-compiled.json
@@ -62,11 +63,12 @@ import torch
 
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import TaskSampler, load_jsonl
-from mini.formats import legal_ucis
+from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
-from mini.reward_scorer import score_batch
+from mini.annotate import find_stockfish
+from mini.reward_scorer import EngineReward, ScoringPool, score_batch
 from mini.runtime import autocast, peak_memory_mb, resolve_device
 from mini.sampler import generate, pad_left
 from mini.tokenizer import Tokenizer
@@ -420,6 +422,31 @@ def bench_scoring(a):
         out[f"{task}_completions_s"] = len(pairs) / best
         print(f"{task}: {len(pairs) / best:,.0f} completions/s per core ({len(pairs)} completions: reference, "
               "mutated, garbage)")
+    if a.engine:
+        out.update(bench_engine_reward(rng, policy[:32], a.k or 8, a.score_workers))
+    return out
+
+
+def bench_engine_reward(rng, positions, k, workers):
+    """P: completions scored per second by ScoringPool(workers) with the labels and with --p_reward engine
+    (depth 10) from a cold cache (a new file) and a warm one (the same batch again): K completions per
+    position with the labels' M:/E: and a random legal B: move, mostly outside the top 5, the engine's
+    worst case."""
+    samples = [s for s in positions for _ in range(k)]
+    texts = [policy_completion(s.moves, s.evals, rng.choice(sorted(legal_ucis(s.fen)))) for s in samples]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = EngineReward(find_stockfish(), cache_path=os.path.join(tmp, "moves.jsonl"))
+        for name, spec in (("labels", None), ("engine_cold", engine), ("engine_warm", engine)):
+            pool = ScoringPool(workers, engine=spec)
+            if name == "engine_warm":
+                pool.submit(samples, texts)()  # the cold pass of this pool's processes fills the cache
+            t0 = time.perf_counter()
+            pool.submit(samples, texts)()
+            out[f"P_{name}_completions_s"] = len(samples) / (time.perf_counter() - t0)
+            pool.close()
+            print(f"P: {name:12s} {out[f'P_{name}_completions_s']:9,.1f} completions/s ({len(samples)} completions, "
+                  f"{workers} scoring workers)")
     return out
 
 
@@ -447,6 +474,7 @@ def main(argv=None):
     p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")
     p.add_argument("--peak_gbps", type=float, default=0.0, help="memory bandwidth peak (default: known GPUs)")
     p.add_argument("--no_transformers", action="store_true", help="step: skip the transformers comparison")
+    p.add_argument("--engine", action="store_true", help="scoring: also the --p_reward engine reward, cold and warm cache")
     p.add_argument("--no_trl", action="store_true", help="step: skip the TRL comparison")
     p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")

@@ -335,34 +335,3 @@ class ScoringPool:
             self.pool.shutdown(cancel_futures=True)
         if self.engine is not None:
             close_engines()
-
-
-def bench_engine_reward(n_prompts=32, k=8, depth=10, nodes=0, workers=0, seed=0):
-    """P: completions scored per second by ScoringPool(workers) with --p_reward labels, and engine from a cold
-    cache (a new file) and a warm one (the same batch again). Eval-set positions, K completions a prompt
-    with the labels' M:/E: and a random legal B: move: most are outside the top 5, the engine's worst case.
-    python -c "from mini.reward_scorer import bench_engine_reward as b; print(b())" """
-    import random
-    import tempfile
-    import time
-    from mini.annotate import find_stockfish
-    from mini.config import EVAL_PATH
-    from mini.dataset import load_jsonl
-    from mini.formats import policy_completion
-    rng = random.Random(seed)
-    samples = [s for s in load_jsonl(EVAL_PATH)[:n_prompts] for _ in range(k)]
-    texts = [policy_completion(s.moves, s.evals, rng.choice(sorted(legal_ucis(s.fen)))) for s in samples]
-    out = {"completions": len(samples), "depth": depth, "nodes": nodes, "workers": workers, "cores": os.cpu_count()}
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = EngineReward(find_stockfish(), depth, nodes, os.path.join(tmp, "moves.jsonl"))
-        for name, spec in (("labels", None), ("engine_cold", engine), ("engine_warm", engine)):
-            pool = ScoringPool(workers, engine=spec)
-            if name == "engine_warm":
-                pool.submit(samples, texts)()  # the cold pass of this pool's processes fills the cache
-            t0 = time.perf_counter()
-            pool.submit(samples, texts)()
-            out[name + "_per_s"] = round(len(samples) / (time.perf_counter() - t0), 1)
-            if spec:
-                out[name + "_metrics"] = pool.metrics
-            pool.close()
-    return out

@@ -6,6 +6,7 @@ figures are checked here; bench.py's sampler and scoring modes and the missing-T
 """
 import importlib.util
 import json
+import shutil
 import os
 import re
 import subprocess
@@ -92,6 +93,10 @@ def test_sampler_and_scoring_modes(tmp_path, capsys):
     assert bench.main(["scoring", "--prompts", "50", "--json", str(tmp_path / "sc.json")]) == 0
     sc = json.loads((tmp_path / "sc.json").read_text())
     assert sc["P_completions_s"] > 0 and sc["A_completions_s"] > 0
+    if shutil.which("stockfish") or shutil.which("/usr/games/stockfish"):  # the engine reward, 2 positions x 2
+        assert bench.main(["scoring", "--engine", "--prompts", "2", "--k", "2", "--json", str(tmp_path / "e.json")]) == 0
+        e = json.loads((tmp_path / "e.json").read_text())
+        assert all(e[f"P_{n}_completions_s"] > 0 for n in ("labels", "engine_cold", "engine_warm"))
 
 
 if __name__ == "__main__":
