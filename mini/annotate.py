@@ -50,14 +50,14 @@ def find_stockfish(path=""):
     return found
 
 
+def to_cp(score):
+    """A side-to-move score in centipawns, mate in n = +-(MATE_CP - n): mates dwarf any material count."""
+    return score.relative.score(mate_score=MATE_CP)
+
+
 def to_pawns(score):
     """A side-to-move score in the data's convention: pawns, mate in n = +-(1000 - n/100)."""
-    return score.relative.score(mate_score=100000) / 100
-
-
-def to_cp(score):
-    """A side-to-move score in centipawns, mate in n = +-(100000 - n): mates dwarf any material count."""
-    return score.relative.score(mate_score=100000)
+    return to_cp(score) / 100
 
 
 def cp_loss(best_cp, move_cp, cap=CP_CAP):

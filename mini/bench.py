@@ -291,7 +291,7 @@ def versus_trl(out, snapshot, a, cfg, device, workdir):
     out.update(trl_version=trl.__version__, trl_micro_batch_size=mb, trl_step_s=step_s, trl_cpu_step_s=cpu_step_s,
                trl_completions_s=n / step_s, ours_vs_trl=step_s / out["step_s"],
                ours_vs_trl_cpu_time=cpu_step_s / out["cpu_step_s"],
-               trl_peak_mem_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_memory_mb(device))
+               trl_peak_mem_mb=peak_memory_mb(device))
     print(f"TRL {trl.__version__} GRPOTrainer: {out['trl_completions_s']:.1f} completions/s ({step_s:.2f} s per step, "
           f"peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB); ours {out['completions_s']:.1f}: "
           f"ours/TRL = {out['ours_vs_trl']:.2f}x"

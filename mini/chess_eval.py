@@ -45,7 +45,6 @@ self-play games (no arbiter, no Stockfish), a flat dict of chess_* means: 58 s f
 The default suite on that model: 444 s (mate in one 325, move quality 94, self-play 17, Stockfish games 2).
 """
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -61,12 +60,11 @@ from huggingface_hub.utils import tqdm
 
 from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
 from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config
-from mini.evaluate import paired_bootstrap
+from mini.evaluate import complete_texts, paired_bootstrap
 from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.loader import LoadError, load_model
 from mini.positions import play
 from mini.runtime import autocast, resolve_device
-from mini.sampler import generate
 
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
@@ -89,22 +87,8 @@ OPENINGS = {
 def model_player(model, tok, temperature=0.0, top_k=0, seed=0, max_new_tokens=96, batch_size=64, autocast=None):
     """prompts -> completion texts of the model; one seeded generator for all calls, so a run repeats."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-
-    @torch.no_grad()
-    def player(prompts):
-        was_training = model.training
-        model.eval()
-        out = []
-        try:
-            for i in range(0, len(prompts), batch_size):
-                with autocast or contextlib.nullcontext():
-                    done = generate(model, [tok.encode(p) for p in prompts[i:i + batch_size]], max_new_tokens,
-                                    temperature=temperature, top_k=top_k, eos_id=tok.eos_token_id, generator=generator)
-                out += [tok.decode(ids) for ids, _ in done]
-        finally:
-            model.train(was_training)
-        return out
-    return player
+    return lambda prompts: complete_texts(model, tok, prompts, max_new_tokens, batch_size, autocast,
+                                          temperature=temperature, top_k=top_k, generator=generator)
 
 
 def policy_move(text):

@@ -60,7 +60,7 @@ from mini.dataset import load_jsonl, load_text
 from mini.formats import legal_ucis, parse_env, parse_policy
 from mini.loader import LoadError, load_model
 from mini.positions import random_env_sample
-from mini.reward_scorer import EngineReward, best_move, clip, engine_pairs, move_quality, score_batch
+from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
 
@@ -122,11 +122,8 @@ def env_values(s, completion, comps):
 
 def quality_values(samples, completions, engine):
     """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine."""
-    moves = [best_move(s, c) if s.task == "P" else None for s, c in zip(samples, completions)]
-    cps = engine.annotator().evals_after(engine_pairs(samples, moves))
     out = []
-    for s, m in zip(samples, moves):
-        q = move_quality(s, m, cps.get((s.fen, m))) if s.task == "P" else None
+    for _, q in judge_moves(engine, samples, completions):
         out.append([] if q is None else [("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]),
                                          ("blunder", q["cpl"] >= BLUNDER_CP), ("move_score", q["score"])])
     return out
@@ -167,23 +164,31 @@ def engine_or_reason(a):
 
 
 @torch.no_grad()
-def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False,
-             compile_decode=False):
-    """Greedy completions (text after the prompt, without EOS), in batches."""
+def complete_texts(model, tokenizer, prompts, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False,
+                   compile_decode=False, temperature=0.0, top_k=0, generator=None):
+    """Completions of prompt texts (text after the prompt, without EOS), in batches, in eval mode;
+    greedy unless a temperature is given."""
     was_training = model.training
     model.eval()
     completions = []
     try:
-        for i in tqdm(range(0, len(samples), batch_size), desc="eval", unit="batch",
-                      disable=not progress or len(samples) <= batch_size):
-            chunk = samples[i:i + batch_size]
+        for i in tqdm(range(0, len(prompts), batch_size), desc="eval", unit="batch",
+                      disable=not progress or len(prompts) <= batch_size):
             with autocast or contextlib.nullcontext():
-                out = generate(model, [tokenizer.encode(s.prompt) for s in chunk], max_new_tokens, temperature=0,
-                               eos_id=tokenizer.eos_token_id, compile_decode=compile_decode)
+                out = generate(model, [tokenizer.encode(p) for p in prompts[i:i + batch_size]], max_new_tokens,
+                               temperature=temperature, top_k=top_k, eos_id=tokenizer.eos_token_id, generator=generator,
+                               compile_decode=compile_decode)
             completions += [tokenizer.decode(ids) for ids, _ in out]
     finally:
         model.train(was_training)
     return completions
+
+
+def complete(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None, progress=False,
+             compile_decode=False):
+    """Greedy completions of the samples' prompts."""
+    return complete_texts(model, tokenizer, [s.prompt for s in samples], max_new_tokens, batch_size, autocast,
+                          progress, compile_decode)
 
 
 def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE, autocast=None,

@@ -207,6 +207,14 @@ def engine_pairs(samples, moves):
             if m is not None and m not in s.moves and m in legal_ucis(s.fen)]
 
 
+def judge_moves(engine, samples, completions):
+    """(B: move or None, move_quality or None) of each completion, for P: samples: each distinct unlabelled
+    legal move is looked up once (Annotator.evals_after, cached)."""
+    moves = [best_move(s, c) for s, c in zip(samples, completions)]
+    cps = engine.annotator().evals_after(engine_pairs(samples, moves))
+    return [(m, move_quality(s, m, cps.get((s.fen, m))) if s.task == "P" else None) for s, m in zip(samples, moves)]
+
+
 @dataclass(frozen=True)
 class EngineReward:
     """The settings of --p_reward engine: picklable, so that a spawned scoring worker starts its own
@@ -256,12 +264,8 @@ def score_chunk(samples, completions, shaping="continuous", engine=None):
         return [score(s, c, shaping) for s, c in zip(samples, completions)], {}
     ann = engine.annotator()
     before = dict(ann.stats)
-    moves = [best_move(s, c) for s, c in zip(samples, completions)]
-    cps = ann.evals_after(engine_pairs(samples, moves))
-    out = []
-    for s, c, m in zip(samples, completions, moves):
-        q = move_quality(s, m, cps.get((s.fen, m))) if m is not None else None
-        out.append(score(s, c, shaping, best=None if q is None else q["score"]))
+    out = [score(s, c, shaping, best=None if m is None or q is None else q["score"])
+           for s, c, (m, q) in zip(samples, completions, judge_moves(engine, samples, completions))]
     return out, {k: ann.stats[k] - before[k] for k in before}
 
 

@@ -116,6 +116,8 @@ class Trainer:
 
     def train_step(self):
         """One GRPO step; returns its metrics row (None when a bad step was rolled back)."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()  # peak_mem_mb is this step's
         timer = PhaseTimer(self.cuda)
         with timer("generate"):
             r = self.rollout()
@@ -437,8 +439,6 @@ class PhaseTimer:
 
     def __init__(self, cuda):
         self.cuda, self.times, self.t0 = cuda, {}, time.perf_counter()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
 
     @contextlib.contextmanager
     def __call__(self, name):
