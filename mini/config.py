@@ -37,7 +37,7 @@ class Config:
     # tasks and data
     mix_env_ratio: float = opt(0.2, "probability that a prompt is an A: (environment) task instead of P:")
     data_source: str = opt("pool", "where training positions come from", ["pool", "file", "generate"])
-    data_file: str = opt("", "RookWorld-format text file, with --data_source file")
+    data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, with --data_source file")
     skip_bad_lines: bool = opt(True, "skip malformed data lines with a count (else stop at the first one)")
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)")
     stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions")

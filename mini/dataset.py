@@ -115,13 +115,16 @@ class TaskSampler:
 
 
 def load_samples(cfg):
-    """Samples of the configured source: the shipped pool, a RookWorld text file, or fresh positions
+    """Samples of the configured source: the shipped pool, a RookWorld text file or a JSONL file of annotated
+    positions like the pool, or fresh positions
     annotated with Stockfish (one per training prompt)."""
     if cfg.data_source == "pool":
         return load_jsonl(POOL_PATH)
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
+        if cfg.data_file.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
+            return load_jsonl(cfg.data_file)
         return load_text(cfg.data_file, cfg.skip_bad_lines)[0]
     positions = generate_positions(cfg.steps * cfg.batch_size, cfg.seed)
     with Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth) as ann:

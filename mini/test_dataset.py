@@ -9,8 +9,8 @@ import random
 import chess
 import pytest
 
-from mini.config import EVAL_PATH, POOL_PATH
-from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_text
+from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_samples, load_text
 from mini.formats import env_completion, legal_ucis, parse_line, position_key
 from mini.positions import generate_positions, random_env_sample
 from mini.test_formats import A_LINES, P_LINES, START
@@ -35,6 +35,14 @@ def test_malformed_lines_say_what_is_wrong(tmp_path):
     assert [s.task for s in samples] == ["P", "A"] and skipped == 2
     with pytest.raises(ValueError, match=rf"^{path}:2: "):
         load_text(str(path), skip_bad_lines=False)
+
+
+def test_data_file_may_be_annotated_jsonl(tmp_path):
+    path = tmp_path / "positions.jsonl"
+    with open(EVAL_PATH) as src:
+        path.write_text("".join(src.readlines()[:4]))  # the header and three positions
+    samples = load_samples(Config(data_source="file", data_file=str(path)))
+    assert [s.prompt for s in samples] == [s.prompt for s in load_jsonl(EVAL_PATH)[:3]]
 
 
 def phase_of(board):
