@@ -1,16 +1,20 @@
 """
 Summarise a training run from its metrics.jsonl: the trend of the main signals over windows of steps,
 the held-out evaluations, and warnings for the failure modes of GRPO runs (KL drift, equal-reward groups, clipping,
-flat reward, NaN).
+flat reward, NaN). With --plot, PNGs of the run too (mini/plots.py; needs pip install -e ".[plot]").
 
     python analyze_metrics.py logs/demo-grpo                 # a run directory or its metrics.jsonl
     python analyze_metrics.py logs/demo-grpo --windows 5
+    python analyze_metrics.py logs/demo-grpo --plot          # logs/demo-grpo/plots/train.png (eval.png, chess.png)
+    python analyze_metrics.py logs/a logs/b --plot --out logs/a-vs-b   # runs overlaid, one line per run
 """
 import argparse
 import json
 import math
 import os
 import sys
+
+from mini.runs import read_rows
 
 TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
          "zero_var_share", "clip_frac", "grad_norm", "time_step"]
@@ -26,19 +30,9 @@ def load_metrics(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.exists(path):
         raise ValueError(f"{path} does not exist; pass a run directory of mini/train.py or its metrics.jsonl")
-    with open(path) as f:
-        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
-    rows = []
-    for i, line in lines:
-        try:
-            row = json.loads(line)
-            row["step"]
-        except (ValueError, TypeError, KeyError):
-            if i == lines[-1][0]:
-                print(f"{path}:{i}: skipping the last line, cut off", file=sys.stderr)
-                continue
-            raise ValueError(f"{path}:{i}: not a step record of mini/train.py") from None
-        rows.append(row)
+    rows = read_rows(path)
+    if not all(isinstance(r, dict) and "step" in r for r in rows):
+        raise ValueError(f"{path} holds rows without a step: it is not the metrics.jsonl of mini/train.py")
     if not rows:
         raise ValueError(f"{path} is empty: the run logged no step yet")
     return sorted(rows, key=lambda r: r["step"])
@@ -93,22 +87,19 @@ def table(header, lines):
     return "\n".join(" ".join(str(x).rjust(w) for x, w in zip(row, widths)) for row in [header, *lines])
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Summarise a mini/train.py run from its metrics.jsonl.")
-    p.add_argument("run", help="run directory (logs/<run_name>) or its metrics.jsonl")
-    p.add_argument("--windows", type=int, default=10, help="number of step windows in the trend table")
-    args = p.parse_args(argv)
-    if args.windows < 1:
-        p.error("--windows must be at least 1")
-    try:
-        rows = load_metrics(args.run)
-    except (ValueError, json.JSONDecodeError) as e:
-        sys.exit(f"analyze_metrics.py: {e}")
+def run_name(path):
+    """The run directory's name of a run directory or its metrics.jsonl."""
+    path = os.path.normpath(path)
+    return os.path.basename(os.path.dirname(path) if path.endswith(".jsonl") else path)
+
+
+def summary(rows, n_windows):
+    """Print the step count and time, the trend table, the held-out evaluations and the warnings."""
     keys = [k for k in TREND if any(k in r for r in rows)]
     minutes = sum(r.get("time_step", 0.0) for r in rows) / 60
     print(f"{len(rows)} steps" + (f", {minutes:.1f} min" if minutes else "") + "\n")
     print(table(["steps"] + keys, [[f"{a}-{b}"] + [f"{m[k]:.3f}" if k in m else "-" for k in keys]
-                                   for a, b, m in window_means(rows, keys, args.windows)]))
+                                   for a, b, m in window_means(rows, keys, n_windows)]))
     evals = [r for r in rows if "eval_reward" in r]
     if evals:
         keys = [k for k in EVAL if any(k in r for r in evals)]
@@ -116,6 +107,39 @@ def main(argv=None):
                                                                                 for k in keys] for r in evals]))
     for w in warnings(rows):
         print(f"warning: {w}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Summarise mini/train.py runs from their metrics.jsonl; plot them.")
+    p.add_argument("runs", nargs="+", help="run directories (logs/<run_name>) or their metrics.jsonl")
+    p.add_argument("--windows", type=int, default=10, help="number of step windows in the trend table")
+    p.add_argument("--plot", action="store_true", help="write PNGs; several runs are overlaid (needs matplotlib)")
+    p.add_argument("--out", default="", help="folder for the PNGs (default: plots/ in the first run's directory)")
+    args = p.parse_args(argv)
+    if args.windows < 1:
+        p.error("--windows must be at least 1")
+    if args.out and not args.plot:
+        p.error("--out is the folder of --plot's PNGs; add --plot")
+    names = [run_name(r) for r in args.runs]
+    if len(set(names)) < len(names):  # two runs of the same name from different folders: label them by path
+        names = [os.path.normpath(r) for r in args.runs]
+    try:
+        runs = {name: load_metrics(path) for name, path in zip(names, args.runs)}
+    except (ValueError, json.JSONDecodeError) as e:
+        sys.exit(f"analyze_metrics.py: {e}")
+    for name, rows in runs.items():
+        if len(runs) > 1:
+            print(f"\n== {name} ==")
+        summary(rows, args.windows)
+    if args.plot:
+        try:
+            from mini import plots  # matplotlib is an optional extra: only --plot needs it
+        except ImportError as e:
+            sys.exit(f"analyze_metrics.py: {e}")
+        first = os.path.normpath(args.runs[0])
+        out = args.out or os.path.join(os.path.dirname(first) if first.endswith(".jsonl") else first, "plots")
+        for path in plots.write_run_plots(runs, out):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":

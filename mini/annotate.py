@@ -22,6 +22,7 @@ import os
 import queue
 import random
 import shutil
+import subprocess
 import sys
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
@@ -41,13 +42,26 @@ MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
 
 
 def find_stockfish(path=""):
-    """The Stockfish binary: the given path, else PATH, else Debian's /usr/games/stockfish."""
+    """The Stockfish binary: the given path, else PATH, else Debian's /usr/games/stockfish; checked once per
+    process to speak UCI (answer `uci` with `uciok`), so a wrong binary is one sentence, not a hang."""
     found = shutil.which(path) if path else shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
     if not found:
         where = f"no executable at {path}" if path else "not on PATH nor in /usr/games"
         raise FileNotFoundError(f"Stockfish not found ({where}): install it with `apt-get install stockfish` "
                                 "or point --stockfish_path at the binary.")
+    if found not in _SPEAKS_UCI:
+        try:
+            out = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        if "uciok" not in out:
+            raise FileNotFoundError(f"{found} is not a UCI chess engine (it did not answer `uci` with `uciok`); "
+                                    "point --stockfish_path at the Stockfish binary")
+        _SPEAKS_UCI.add(found)
     return found
+
+
+_SPEAKS_UCI = set()
 
 
 def to_cp(score):

@@ -46,7 +46,6 @@ sampler times its decoders in interleaved rounds (median of --steps), so they sh
 step times ours, then transformers, then TRL, one after the other, so on a shared CPU its wall-clock ratios carry
 the load's drift: there the sampler ratio and step's CPU-seconds ratio to TRL are the steadier figures.
 """
-import argparse
 import gc
 import json
 import os
@@ -61,7 +60,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 
 import torch
 
-from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least
 from mini.dataset import TaskSampler, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
@@ -453,24 +452,25 @@ def bench_engine_reward(rng, positions, k, workers):
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(__doc__, usage="%(prog)s [step|sampler|scoring] [options]",
+               checks={"prompts": at_least(1), "k": at_least(1), "new_tokens": at_least(1), "steps": at_least(1),
+                       "peak_tflops": at_least(0), "peak_gbps": at_least(0), "trl_steps": at_least(1)})
     p.add_argument("mode", nargs="?", default="step", choices=list(MODE_DEFAULTS))
     p.add_argument("--n_layer", type=int, help="model shape (default: step 12 x 12 heads x 768, sampler 4 x 4 x 256)")
-    p.add_argument("--n_head", type=int)
-    p.add_argument("--n_embd", type=int)
+    p.add_argument("--n_head", type=int, help="attention heads (default: by mode, see --n_layer)")
+    p.add_argument("--n_embd", type=int, help="width (default: by mode, see --n_layer)")
     p.add_argument("--prompts", type=int, help="distinct prompts per step (default: step 64, sampler 4; scoring: "
                    "eval positions, 500)")
     p.add_argument("--k", type=int, help="completions per prompt (default: step 16, sampler 4)")
     p.add_argument("--new_tokens", type=int, default=64, help="completion length")
     p.add_argument("--steps", type=int, default=3, help="timed steps (sampler: repeats) after one warm-up")
     p.add_argument("--micro_batch_size", type=int, default=128, help="completions per forward/backward (0: all)")
-    p.add_argument("--bf16", dest="bf16", action="store_true", help="bf16 autocast on CUDA (default)")
-    p.add_argument("--no_bf16", dest="bf16", action="store_false")
+    p.add_argument("--bf16", "--no_bf16", action=Switch, default=True, help="bf16 autocast on CUDA")
     p.add_argument("--compile_decode", action="store_true", help="the compiled static-shape decode step")
     p.add_argument("--auto_batch_size", action="store_true", help="step: let the Trainer pick the batch size first")
     p.add_argument("--score_workers", type=int, default=0)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the model's random weights")
     p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")
     p.add_argument("--peak_gbps", type=float, default=0.0, help="memory bandwidth peak (default: known GPUs)")
     p.add_argument("--no_transformers", action="store_true", help="step: skip the transformers comparison")
@@ -478,7 +478,6 @@ def main(argv=None):
     p.add_argument("--no_trl", action="store_true", help="step: skip the TRL comparison")
     p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
-    p.set_defaults(bf16=True)
     a = p.parse_args(argv)
     for k, v in MODE_DEFAULTS[a.mode].items():
         if getattr(a, k) is None:

@@ -59,7 +59,7 @@ import torch
 from huggingface_hub.utils import tqdm
 
 from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
-from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config
+from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least, between
 from mini.evaluate import complete_texts, paired_bootstrap
 from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.loader import LoadError, load_model
@@ -465,14 +465,18 @@ def print_table(report):
 
 def parse_args(argv):
     cfg = Config()
-    p = argparse.ArgumentParser(description="Chess-skill evaluation of a RookWorld snapshot (see the module docstring).")
+    count = at_least(0)  # 0: skip that part
+    p = Parser("Chess-skill evaluation of a RookWorld snapshot (see the module docstring).", checks={
+        "n": at_least(1), "n_mates": count, "n_quality": count, "games": count, "arbiter_max": count, "sf_games": count,
+        "max_plies": at_least(1), "sf_skill": between(0, 20), "sf_nodes": at_least(1), "sf_depth": at_least(1),
+        "workers": at_least(1)})
     p.add_argument("--model_path", help="snapshot directory or hub id")
     p.add_argument("--out", default="", help="JSON report (default: chess.json in the model directory)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two chess JSON reports: deltas with paired CIs")
-    p.add_argument("--build_mates", action="store_true", help="regenerate the mate-in-one file and exit")
+    p.add_argument("--build_mates", action=Switch, default=False, help="regenerate the mate-in-one file and exit")
     p.add_argument("--n", type=int, default=1000, help="with --build_mates: positions")
     p.add_argument("--seed", type=int, default=0, help="seed of --build_mates, and of self-play sampling")
-    p.add_argument("--mates_path", default=MATE_PATH)
+    p.add_argument("--mates_path", default=MATE_PATH, help="the mate-in-one file")
     p.add_argument("--n_mates", type=int, default=1000, help="mate-in-one positions (0: skip)")
     p.add_argument("--n_quality", type=int, default=200, help="eval-set positions for the centipawn loss (0: skip)")
     p.add_argument("--games", type=int, default=32, help="self-play games (0: skip, with the arbiter)")
@@ -487,7 +491,7 @@ def parse_args(argv):
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes for the centipawn loss")
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--batch_size", type=int, default=64, help="prompts per generate call")
     p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
     return p, p.parse_args(argv)
 

@@ -6,7 +6,9 @@ so a default lives in exactly one place:
     python mini/train.py --no_bf16 --kl_type k3
 """
 import argparse
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
@@ -16,110 +18,265 @@ EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of 
 ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
 
 
-def opt(default, help, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+TRAIN, SFT, BOTH = ("train",), ("sft",), ("train", "sft")  # which scripts list a flag in their --help
+
+
+def opt(default, help, choices=None, check=None, scripts=TRAIN):
+    """A Config field: its default, its --help text, and what parse_args checks: `choices`, or
+    `check` = (predicate, what it must be) for numbers; `scripts` that take the flag."""
+    return field(default=default, metadata={"help": help, "choices": choices, "check": check, "scripts": scripts})
+
+
+def at_least(n):
+    return (lambda v: v >= n), f"at least {n}"
+
+
+def between(lo, hi):
+    return (lambda v: lo <= v <= hi), f"between {lo} and {hi}"
+
+
+POSITIVE = (lambda v: v > 0), "above 0"
+FRACTION = (lambda v: 0 < v <= 1), "in (0, 1]"
+SEED = (lambda v: 0 <= v < 2**32), "between 0 and 2**32 - 1"
 
 
 @dataclass
 class Config:
     # model, run, io
-    model_path: str = opt("jrahn/RookWorld-LM-124M", "hub id or local snapshot directory of the model to train")
-    device: str = opt("auto", "cuda, cpu or auto (cuda when available)")
-    run_name: str = opt("", "name of the run directory under log_dir (empty: a timestamp)")
-    log_dir: str = opt("logs", "where run directories are written")
-    seed: int = opt(42, "seed for python, numpy and torch")
+    model_path: str = opt("jrahn/RookWorld-LM-124M", "hub id or local snapshot directory of the model to train "
+                          "(sft.py: 'scratch' makes a new model of the --n_layer/--n_head/--n_embd shape)", scripts=BOTH)
+    device: str = opt("auto", "cuda, cuda:N, cpu or auto (cuda when available)", scripts=BOTH)
+    run_name: str = opt("", "name of the run directory under log_dir (empty: a timestamp)", scripts=BOTH)
+    log_dir: str = opt("logs", "where run directories are written", scripts=BOTH)
+    overwrite: bool = opt(False, "start afresh in a run directory that holds a run: the old one is moved aside "
+                          "to <run_name>.old-<time>, never deleted", scripts=BOTH)
+    seed: int = opt(42, "seed for python, numpy and torch", check=SEED, scripts=BOTH)
+    report_to: str = opt("none", "live dashboard of metrics.jsonl: tensorboard (pip install -e '.[tensorboard]', "
+                         "writes <run>/tensorboard) or wandb (pip install -e '.[wandb]', honours WANDB_MODE)",
+                         ["none", "tensorboard", "wandb"], scripts=BOTH)
 
     # sampling: log-probs everywhere are those of this tempered (and top-k truncated) distribution
-    temperature: float = opt(1.0, "sampling temperature of rollouts (the same divides logits in the loss)")
-    top_k: int = opt(0, "sample from the k most likely tokens only, renormalised (0: off)")
-    max_new_tokens: int = opt(96, "longest completion; P: needs ~66 tokens, A: ~58")
+    temperature: float = opt(1.0, "sampling temperature of rollouts (the same divides logits in the loss)", check=POSITIVE)
+    top_k: int = opt(0, "sample from the k most likely tokens only, renormalised (0: off)", check=at_least(0))
+    max_new_tokens: int = opt(96, "longest completion; P: needs ~66 tokens, A: ~58", check=at_least(1))
 
     # tasks and data
-    mix_env_ratio: float = opt(0.2, "probability that a prompt is an A: (environment) task instead of P:")
-    data_source: str = opt("pool", "where training positions come from", ["pool", "file", "generate"])
-    data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, with --data_source file")
-    skip_bad_lines: bool = opt(True, "skip malformed data lines with a count (else stop at the first one)")
-    stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)")
-    stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions")
+    mix_env_ratio: float = opt(0.2, "probability that a prompt is an A: (environment) task instead of P:",
+                               check=between(0, 1), scripts=BOTH)
+    data_source: str = opt("pool", "where training positions come from", ["pool", "file", "generate"], scripts=BOTH)
+    data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
+                         "with --data_source file", scripts=BOTH)
+    skip_bad_lines: bool = opt(True, "skip malformed data lines, reported as file:line, up to 100 (else stop at the "
+                               "first one)", scripts=BOTH)
+    stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)", scripts=BOTH)
+    stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions (--data_source generate)",
+                               check=at_least(1), scripts=BOTH)
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
-    score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)")
+    score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)",
+                             check=at_least(0))
     p_reward: str = opt("labels", "best move of a P: completion: by its rank in the labels' top 5, or by its win "
                         "probability against the best with Stockfish judging moves outside the top 5", ["labels", "engine"])
-    engine_depth: int = opt(10, "Stockfish depth of --p_reward engine (the labels' depth)")
-    engine_nodes: int = opt(0, "Stockfish nodes of --p_reward engine instead of a depth (0: use the depth)")
+    engine_depth: int = opt(10, "Stockfish depth of --p_reward engine (the labels' depth)", check=at_least(1))
+    engine_nodes: int = opt(0, "Stockfish nodes of --p_reward engine instead of a depth (0: use the depth)", check=at_least(0))
     engine_cache: str = opt(ENGINE_CACHE, "JSONL cache of --p_reward engine evals, shared across runs ('' for none)")
 
     # GRPO objective
-    steps: int = opt(100, "optimizer steps (one rollout batch each)")
-    batch_size: int = opt(8, "prompts per step")
-    k_samples: int = opt(8, "completions sampled per prompt (the group size)")
-    num_iterations: int = opt(1, "PPO epochs over one rollout batch")
-    micro_batch_size: int = opt(0, "completions per forward/backward pass (0: the whole batch)")
-    clip_eps_low: float = opt(0.2, "PPO clip range below 1")
-    clip_eps_high: float = opt(0.2, "PPO clip range above 1 (larger: clip-higher)")
+    steps: int = opt(100, "optimizer steps (one rollout batch each)", check=at_least(0), scripts=BOTH)
+    batch_size: int = opt(8, "prompts per step (sft.py: sequences per step)", check=at_least(1), scripts=BOTH)
+    k_samples: int = opt(8, "completions sampled per prompt (the group size; a group of 1 has no baseline)",
+                         check=at_least(2))
+    num_iterations: int = opt(1, "PPO epochs over one rollout batch", check=at_least(1))
+    micro_batch_size: int = opt(0, "completions per forward/backward pass (0: the whole batch)", check=at_least(0))
+    clip_eps_low: float = opt(0.2, "PPO clip range below 1", check=between(0, 1))
+    clip_eps_high: float = opt(0.2, "PPO clip range above 1 (larger: clip-higher)", check=at_least(0))
     loss_type: str = opt("grpo", "how token losses are averaged", ["grpo", "dr_grpo", "dapo"])
     scale_rewards: str = opt("group", "divide advantages by this std", ["group", "batch", "none"])
     baseline_type: str = opt("group_mean", "what is subtracted from rewards", ["group_mean", "ema", "adaptive"])
-    ema_decay: float = opt(0.9, "decay of the per-task running mean reward (ema and adaptive baselines)")
+    ema_decay: float = opt(0.9, "decay of the per-task running mean reward (ema and adaptive baselines)",
+                           check=between(0, 1))
     kl_type: str = opt("k3", "KL to the reference", ["forward", "reverse", "symmetric", "k3"])
-    kl_coef: float = opt(0.02, "weight of the KL penalty")
+    kl_coef: float = opt(0.02, "weight of the KL penalty", check=at_least(0))
     adaptive_kl: bool = opt(False, "steer kl_coef towards target_kl")
-    target_kl: float = opt(0.02, "KL the adaptive controller aims at")
-    kl_horizon: int = opt(100, "steps over which the adaptive controller closes the gap")
-    kl_warmup_steps: int = opt(0, "ramp kl_coef linearly from 0 over these steps")
+    target_kl: float = opt(0.02, "KL the adaptive controller aims at", check=POSITIVE)
+    kl_horizon: int = opt(100, "steps over which the adaptive controller closes the gap", check=at_least(1))
+    kl_warmup_steps: int = opt(0, "ramp kl_coef linearly from 0 over these steps", check=at_least(0))
     entropy_coef: float = opt(0.0, "entropy bonus weight (entropy is logged either way)")
     use_gae: bool = opt(False, "add a value head and use GAE advantages (off: GRPO proper, no critic)")
-    gamma: float = opt(1.0, "GAE discount")
-    gae_lambda: float = opt(0.95, "GAE lambda")
-    value_coef: float = opt(0.1, "value loss weight")
-    value_clip: float = opt(0.2, "value loss clip range")
+    gamma: float = opt(1.0, "GAE discount", check=between(0, 1))
+    gae_lambda: float = opt(0.95, "GAE lambda", check=between(0, 1))
+    value_coef: float = opt(0.1, "value loss weight", check=at_least(0))
+    value_clip: float = opt(0.2, "value loss clip range", check=POSITIVE)
 
     # optimisation
-    lr: float = opt(1e-5, "peak learning rate (GRPO wants it small: 2e-4 made an 8M model drift, see RESULTS.md)")
-    weight_decay: float = opt(0.01, "AdamW decay on matrices (never on biases, norms, embeddings)")
-    adam_beta1: float = opt(0.9, "AdamW beta1")
-    adam_beta2: float = opt(0.95, "AdamW beta2")
-    grad_clip: float = opt(1.0, "clip the gradient norm to this (0: off)")
-    warmup_steps: int = opt(10, "linear warmup, applied from the first update")
-    decay_steps: int = opt(0, "final linear decay to zero over the last steps")
-    min_lr_ratio: float = opt(0.1, "cosine floor as a fraction of lr")
-    bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)")
-    bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX")
+    lr: float = opt(1e-5, "peak learning rate (GRPO wants it small: 2e-4 made an 8M model drift, see RESULTS.md)",
+                    check=POSITIVE, scripts=BOTH)
+    weight_decay: float = opt(0.01, "AdamW decay on matrices (never on biases, norms, embeddings)", check=at_least(0),
+                              scripts=BOTH)
+    adam_beta1: float = opt(0.9, "AdamW beta1", check=between(0, 0.9999), scripts=BOTH)
+    adam_beta2: float = opt(0.95, "AdamW beta2", check=between(0, 0.9999), scripts=BOTH)
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0: off)", check=at_least(0), scripts=BOTH)
+    warmup_steps: int = opt(10, "linear warmup, applied from the first update", check=at_least(0), scripts=BOTH)
+    decay_steps: int = opt(0, "final linear decay to zero over the last steps", check=at_least(0), scripts=BOTH)
+    min_lr_ratio: float = opt(0.1, "cosine floor as a fraction of lr", check=between(0, 1), scripts=BOTH)
+    bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)", scripts=BOTH)
+    bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX", scripts=BOTH)
     compile: bool = opt(False, "torch.compile the model on CUDA")
     compile_decode: bool = opt(False, "torch.compile the static-shape decode step (CUDA graphs on CUDA)")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")
-    memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device")
+    memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device",
+                                 check=FRACTION)
 
     # evaluation, logging, checkpoints
-    eval_every: int = opt(50, "held-out evaluation every so many steps (0: off)")
-    eval_n: int = opt(100, "held-out prompts per task at each evaluation")
+    eval_every: int = opt(50, "held-out evaluation every so many steps (0: off)", check=at_least(0))
+    eval_n: int = opt(100, "held-out prompts per task at each evaluation", check=at_least(1))
     eval_chess: bool = opt(False, "add chess skill to each evaluation: mate in one on 100 positions, 16 self-play games")
-    log_samples: int = opt(4, "prompts, completions and rewards written to samples.jsonl per step")
-    save_every: int = opt(50, "regular checkpoint every so many steps (0: off)")
-    keep_last: int = opt(3, "regular checkpoints kept")
+    log_samples: int = opt(4, "prompts, completions and rewards written to samples.jsonl per step", check=at_least(0))
+    save_every: int = opt(50, "regular checkpoint every so many steps (0: off)", check=at_least(0))
+    keep_last: int = opt(3, "regular checkpoints kept (0: all)", check=at_least(0))
     resume_from_checkpoint: str = opt("", "checkpoint file to resume from")
-    auto_resume: bool = opt(False, "resume from the latest valid checkpoint of this run")
+    auto_resume: bool = opt(False, "resume this run from its latest valid checkpoint with its saved config.json "
+                            "(a new run when its directory does not exist yet)")
     recovery_mode: bool = opt(False, "start from this run's recovery checkpoint")
-    kl_threshold: float = opt(0.0, "stop the run cleanly when |KL| exceeds this (0: off)")
+    kl_threshold: float = opt(0.0, "stop the run cleanly when |KL| exceeds this (0: off)", check=at_least(0))
 
     # supervised warm start (mini/sft.py): --model_path scratch makes a new model of this shape
-    n_layer: int = opt(4, "layers of a model made from scratch")
-    n_head: int = opt(4, "attention heads of a model made from scratch")
-    n_embd: int = opt(256, "width of a model made from scratch")
-    n_positions: int = opt(256, "context length of a model made from scratch (a P: line is ~150 tokens)")
-    time_limit_min: float = opt(0.0, "stop after this many minutes of training (0: only --steps counts)")
+    n_layer: int = opt(4, "layers of a model made from scratch", check=at_least(1), scripts=SFT)
+    n_head: int = opt(4, "attention heads of a model made from scratch", check=at_least(1), scripts=SFT)
+    n_embd: int = opt(256, "width of a model made from scratch (a multiple of --n_head)", check=at_least(1), scripts=SFT)
+    n_positions: int = opt(256, "context length of a model made from scratch (a P: line is ~150 tokens)",
+                           check=at_least(160), scripts=SFT)
+    time_limit_min: float = opt(0.0, "stop after this many minutes of training (0: only --steps counts)",
+                                check=at_least(0), scripts=BOTH)
 
 
-def parse_args(argv=None):
-    """Flags from the fields of Config; booleans get --name and --no_name."""
-    p = argparse.ArgumentParser(description="Fine-tune RookWorld-LM with GRPO.")
-    for f in fields(Config):
-        default, meta = f.default, f.metadata
-        if isinstance(default, bool):
-            p.add_argument(f"--{f.name}", dest=f.name, action="store_true", help=f"{meta['help']} (default: {default})")
-            p.add_argument(f"--no_{f.name}", dest=f.name, action="store_false")
+
+FIELDS = {f.name: f for f in fields(Config)}
+# flags a resumed run may change (applied and logged); every other flag defines the run and must match its config.json
+RESUMABLE = frozenset({
+    "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
+    "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
+    "stockfish_path", "engine_cache", "report_to", "memory_fraction", "log_dir", "run_name", "auto_resume",
+    "recovery_mode", "resume_from_checkpoint", "overwrite"})
+
+
+def device_problem(name):
+    """Why --device `name` cannot be used here, or None."""
+    if name in ("auto", "cpu"):
+        return None
+    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if not m:
+        return f"--device {name!r} must be auto, cpu, cuda or cuda:N"
+    import torch  # only here: the flags themselves need no torch
+    if not torch.cuda.is_available():
+        return (f"--device {name} but this torch ({torch.__version__}) sees no CUDA device; use --device cpu, "
+                "or install a CUDA build of torch")
+    if m.group(1) and int(m.group(1)) >= torch.cuda.device_count():
+        return f"--device {name} but there are {torch.cuda.device_count()} CUDA devices (cuda:0 ...)"
+    return None
+
+
+def problems(values, checks=None):
+    """One sentence per bad value among parsed flags (a dict name -> value), whichever script parsed them:
+    each number against its field's check (or `checks`, for flags that are not Config fields), then the
+    combinations."""
+    checks = {**{n: f.metadata["check"] for n, f in FIELDS.items() if f.metadata["check"]}, **(checks or {})}
+    out = []
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"--{name} {value} is not a finite number")
+        elif name in checks and value is not None and not checks[name][0](value):
+            out.append(f"--{name} {value} must be {checks[name][1]}")
+    v = values.get
+    if v("device"):
+        out.append(device_problem(v("device")))
+    if v("data_file") and v("data_source") in ("pool", "generate"):
+        out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
+    if v("data_source") == "file" and not v("data_file"):
+        out.append("--data_source file needs --data_file PATH")
+    if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):
+        out.append(f"--micro_batch_size {v('micro_batch_size')} is larger than the batch of --batch_size x --k_samples = "
+                   f"{v('batch_size') * v('k_samples')} completions; lower it or use 0 (the whole batch)")
+    if v("n_embd") and v("n_head") and v("n_embd") % v("n_head"):
+        out.append(f"--n_embd {v('n_embd')} must be a multiple of --n_head {v('n_head')}")
+    starts = [f"--{n}" for n in ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite") if v(n)]
+    if len(starts) > 1:
+        out.append(f"{' and '.join(starts)} say different things; use one of them")
+    if (v("auto_resume") or v("recovery_mode")) and not v("run_name"):
+        out.append(f"{starts[0]} needs --run_name: the run to continue")
+    if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
+        out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    return [p for p in out if p]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default is not None and action.default is not argparse.SUPPRESS:
+            text += f" (default: {action.default!r})".replace("%", "%%")
+        return text
+
+
+class Switch(argparse.Action):
+    """--name sets a boolean, --no_name clears it: one line in --help."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no_"))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with exact flag names (no abbreviations), every default in --help, the checks of problems()
+    on the parsed values, and errors of one line."""
+
+    def __init__(self, description, checks=None, **kw):
+        kw.setdefault("usage", "%(prog)s [options]")  # the options are listed below, with their defaults
+        super().__init__(description=description, allow_abbrev=False, formatter_class=HelpFormatter, **kw)
+        self.checks = checks  # {flag: (predicate, what it must be)} beyond the Config fields
+
+    def add_argument(self, *args, **kw):
+        """A flag named like a Config field gets that field's help unless it brings its own."""
+        action = super().add_argument(*args, **kw)
+        if action.help is None and action.dest in FIELDS:
+            action.help = FIELDS[action.dest].metadata["help"]
+        return action
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for problem in problems(vars(parsed), self.checks)[:1]:
+            self.error(problem)
+        return parsed
+
+
+def add_config_flags(parser, script):
+    """Flags for the Config fields that `script` uses, booleans as --name / --no_name."""
+    for name, f in FIELDS.items():
+        if script not in f.metadata["scripts"]:
+            continue
+        if isinstance(f.default, bool):
+            parser.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
+                                help=f.metadata["help"])
         else:
-            p.add_argument(f"--{f.name}", type=type(default), choices=meta["choices"], help=meta["help"])
-        p.set_defaults(**{f.name: default})
+            parser.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=f.metadata["choices"],
+                                help=f.metadata["help"])
+
+
+def parse_args(argv=None, script="train", description="Fine-tune RookWorld-LM with GRPO."):
+    """The Config of `script`'s flags (the other fields keep their defaults), checked: a bad value exits
+    with code 2 and one line."""
+    p = Parser(description)
+    add_config_flags(p, script)
     return Config(**vars(p.parse_args(argv)))
+
+
+def given_flags(argv):
+    """Names of the Config fields set on the command line (--name, --no_name, --name=value)."""
+    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    return {n[3:] if n.startswith("no_") and n[3:] in FIELDS else n for n in names} & set(FIELDS)

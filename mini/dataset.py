@@ -16,38 +16,53 @@ from mini.formats import parse_line, policy_sample, position_key
 from mini.positions import generate_positions, random_env_sample
 
 
-def load_text(path, skip_bad_lines=True):
-    """RookWorld text file -> (samples, number of skipped lines). Bad lines are reported as file:line."""
-    samples, bad = [], 0
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld data: stop
+
+
+def read_records(path, parse, skip_bad_lines=True):
+    """parse(line) for each non-empty line of a data file -> (records, number of skipped lines). A bad line
+    (not UTF-8, or parse raises ValueError) is reported as file:line and skipped, up to MAX_BAD_LINES;
+    with skip_bad_lines off the first one stops. A file with no good line is an error."""
+    records, bad = [], 0
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
             try:
-                samples.append(parse_line(line))
-            except ValueError as e:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                records.append(parse(line))
+            except (ValueError, KeyError, IndexError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+                why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e
                 if not skip_bad_lines:
-                    raise ValueError(f"{path}:{i}: {e}") from None
+                    raise ValueError(f"{path}:{i}: {why}") from None
                 bad += 1
+                if bad > MAX_BAD_LINES:
+                    raise ValueError(f"{path}: more than {MAX_BAD_LINES} bad lines (the last at line {i}: {why}); "
+                                     "is it a RookWorld data file?") from None
                 if bad <= 10:  # the first few name the problem, the count covers the rest
-                    print(f"{path}:{i}: {e}", file=sys.stderr)
+                    print(f"{path}:{i}: {why}", file=sys.stderr)
     if bad:
         print(f"{path}: skipped {bad} malformed lines", file=sys.stderr)
-    return samples, bad
+    if not records:
+        raise ValueError(f"{path} holds no sample" + (f" ({bad} malformed lines)" if bad else " (it is empty)"))
+    return records, bad
 
 
-def load_jsonl(path):
-    """Shipped annotated positions (mini/data/*.jsonl) -> P: samples; the header record is skipped."""
-    samples = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            try:
-                r = json.loads(line)
-                if "fen" in r:
-                    samples.append(policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ())))
-            except (ValueError, KeyError, IndexError) as e:
-                raise ValueError(f"{path}:{i}: not an annotated position ({e})") from None
-    return samples
+def load_text(path, skip_bad_lines=True):
+    """RookWorld text file -> (samples, number of skipped lines)."""
+    return read_records(path, parse_line, skip_bad_lines)
+
+
+def annotated_sample(line):
+    """A line of an annotated-positions JSONL file -> P: sample; None for the header record."""
+    r = json.loads(line)
+    return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ())) if "fen" in r else None
+
+
+def load_jsonl(path, skip_bad_lines=True):
+    """Annotated positions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> P: samples."""
+    records, _ = read_records(path, annotated_sample, skip_bad_lines)
+    return [s for s in records if s is not None]
 
 
 class ReplayBuffer:
@@ -124,7 +139,7 @@ def load_samples(cfg):
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
         if cfg.data_file.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
-            return load_jsonl(cfg.data_file)
+            return load_jsonl(cfg.data_file, cfg.skip_bad_lines)
         return load_text(cfg.data_file, cfg.skip_bad_lines)[0]
     positions = generate_positions(cfg.steps * cfg.batch_size, cfg.seed)
     with Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth) as ann:

@@ -41,7 +41,6 @@ P: move quality, with --engine_quality (needs Stockfish; skipped with a sentence
    W(best) - W(move)), blunder (share with cpl >= 200), move_score (the engine reward's best component).
    Positions the engine rejects are left out of these.
 """
-import argparse
 import contextlib
 import json
 import os
@@ -55,7 +54,7 @@ import torch
 from huggingface_hub.utils import tqdm
 
 from mini.annotate import BLUNDER_CP, find_stockfish
-from mini.config import EVAL_PATH, Config
+from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
 from mini.formats import legal_ucis, parse_env, parse_policy
 from mini.loader import LoadError, load_model
@@ -233,7 +232,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
 
 def main(argv=None):
     cfg = Config()
-    p = argparse.ArgumentParser(description="Greedy evaluation of a RookWorld snapshot on held-out P: and A: prompts.")
+    p = Parser("Greedy evaluation of a RookWorld snapshot on held-out P: and A: prompts.", checks={"n": at_least(1)})
     p.add_argument("--model_path", help="snapshot directory or hub id")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two JSON reports: deltas with bootstrap CIs")
     p.add_argument("--data", default="", help="RookWorld text file or annotated .jsonl (default: the shipped eval set)")
@@ -242,15 +241,25 @@ def main(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
     p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
-    p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"])
-    p.add_argument("--compile_decode", action="store_true", help="compiled static-shape decode (CUDA graphs on CUDA)")
-    p.add_argument("--engine_quality", action="store_true", help="P: move quality by Stockfish (see the docstring)")
+    p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"],
+                   help=FIELDS["reward_shaping"].metadata["help"])
+    p.add_argument("--compile_decode", action=Switch, default=False, help="compiled static-shape decode (CUDA graphs on CUDA)")
+    p.add_argument("--engine_quality", action=Switch, default=False, help="P: move quality by Stockfish (see the docstring)")
     p.add_argument("--engine_depth", type=int, default=cfg.engine_depth)
     p.add_argument("--engine_nodes", type=int, default=cfg.engine_nodes, help="nodes instead of a depth (0: off)")
     p.add_argument("--engine_cache", default=cfg.engine_cache, help="JSONL cache of evals after a move ('' for none)")
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
+    p.add_argument("--plot", default="", metavar="PNG",
+                   help="with --compare: before/after bars with the 95%% intervals to this PNG (pip install -e '.[plot]')")
     args = p.parse_args(argv)
+    if args.plot and not args.compare:
+        p.error("--plot goes with --compare BEFORE AFTER")
     if args.compare:
+        if args.plot:
+            try:
+                from mini.plots import compare_bars  # matplotlib is an optional extra: only --plot needs it
+            except ImportError as e:
+                sys.exit(f"evaluate.py: {e}")
         engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
         if reason:
             print(reason, file=sys.stderr)
@@ -261,6 +270,9 @@ def main(argv=None):
         print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
             print(f"{k:28s} {b0:8.4f} {a0:8.4f} {d:+8.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>20s} {n:5d}")
+        if args.plot:
+            compare_bars(rows, args.plot, title=f"{args.compare[0]} -> {args.compare[1]}")
+            print(f"wrote {args.plot}")
         return
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")

@@ -175,8 +175,10 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     surrogate = torch.min(ratio * a, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * a)
     loss = aggregate(-surrogate, mask, loss_type, norm)
     r, m = ratio.detach(), mask.bool()
-    clipped = ((r < 1 - clip_eps_low) & (a < 0)) | ((r > 1 + clip_eps_high) & (a > 0))  # no gradient there
-    stats = {"clip_frac": (clipped & m).sum().item() / norm["n_tokens"],
+    low = (r < 1 - clip_eps_low) & (a < 0) & m  # clipped: no gradient there (TRL's clip_ratio/low_mean)
+    high = (r > 1 + clip_eps_high) & (a > 0) & m  # (clip_ratio/high_mean)
+    stats = {"clip_frac": (low | high).sum().item() / norm["n_tokens"],
+             "clip_low_frac": low.sum().item() / norm["n_tokens"], "clip_high_frac": high.sum().item() / norm["n_tokens"],
              "ratio_mean": torch.where(m, r, 0.0).sum().item() / norm["n_tokens"]}
     return loss, stats
 

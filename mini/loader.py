@@ -24,12 +24,19 @@ class LoadError(Exception):
     """A problem the user can fix; the message says how."""
 
 
+def looks_like_path(name):
+    """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
+    (logs/nope: logs exists here)."""
+    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1
+            or os.path.isdir(name.split("/")[0]))
+
+
 def resolve_snapshot(name_or_path):
     """A local directory as it is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
     if os.path.isdir(name_or_path):
         return name_or_path
-    if os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") != 1:
-        raise LoadError(f"model directory {name_or_path!r} does not exist; pass an existing snapshot directory "
+    if looks_like_path(name_or_path):
+        raise LoadError(f"model directory {name_or_path} does not exist; pass an existing snapshot directory "
                         "or a hub id like jrahn/RookWorld-LM-124M")
     from huggingface_hub import snapshot_download
     try:
@@ -44,21 +51,27 @@ def read_config(path):
     cfg_file = os.path.join(path, "config.json")
     if not os.path.exists(cfg_file):
         raise LoadError(f"{path} has no config.json; is it a GPT-2 snapshot directory?")
-    with open(cfg_file) as f:
-        hf = json.load(f)
+    try:
+        with open(cfg_file) as f:
+            hf = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        raise LoadError(f"{cfg_file} is damaged (not JSON); download or save the snapshot again") from None
     try:
         return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
                          n_positions=hf.get("n_positions", hf.get("n_ctx")), vocab_size=hf["vocab_size"])
-    except KeyError as e:
+    except (KeyError, TypeError) as e:
         raise LoadError(f"{cfg_file} lacks {e.args[0]!r}; it does not describe a GPT-2 model") from None
 
 
 def read_state_dict(path):
     st, pt = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(st):
-        return load_file(st)
-    if os.path.exists(pt):
-        return torch.load(pt, map_location="cpu", weights_only=True)
+    for file, load in ((st, load_file), (pt, lambda f: torch.load(f, map_location="cpu", weights_only=True))):
+        if os.path.exists(file):
+            try:
+                return load(file)
+            except Exception as e:  # truncated, corrupt, or pickled objects: never run code from it
+                raise LoadError(f"{file} cannot be read ({type(e).__name__}); it is damaged, download or save the "
+                                "snapshot again") from None
     raise LoadError(f"{path} has no model.safetensors or pytorch_model.bin; the snapshot is incomplete, download it again")
 
 

@@ -1,35 +1,92 @@
 """
-A run directory, and what makes a run survive interruption: logs that are cut back on resume and
-checkpoints that are written atomically and checked when read.
+A run directory, and what makes a run survive interruption and misuse: one process per run (a lock
+file), no run started over another by accident, the saved config taken back on resume, logs that are cut
+back on resume, and checkpoints that are written atomically, checked when read and loaded without
+running code (weights_only).
 
     logs/<run_name>/config.json    the settings of the run
                     train.log      the log lines
                     metrics.jsonl  one row per step (samples.jsonl: a few completions per step)
+                    run.lock       PID and host of the process that owns the run
                     checkpoints/   step_*.pt (the last keep_last), recovery.pt, stable.pt, debug_step_*.pt
                     final/         a Hugging Face snapshot, at the end
 """
 import dataclasses
+import errno
 import glob
 import json
 import os
+import pickle
+import shutil
+import socket
 import sys
+import time
+import zipfile
 
 import torch
+from tqdm.auto import tqdm
+
+from mini.config import FIELDS, RESUMABLE, Config
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # JSONL logs with a "step" per row, cut back on resume
 
 
-def save_checkpoint(path, state):
-    """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
+class RunError(Exception):
+    """A run cannot start or go on; the message says why and what to do."""
+
+
+def disk_full(path, need_bytes):
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    return (f"disk full writing {path}: it needs about {need_bytes / 2**20:.0f} MiB and {free / 2**20:.0f} MiB are "
+            "free there; free some space, then continue with --auto_resume (the last good checkpoint is kept)")
+
+
+def write_atomic(path, write, need_bytes=0):
+    """write(tmp_path), then rename over `path`: a crash or a full disk never leaves a half-written file (the
+    .tmp is removed on failure; leftovers of a kill are removed when a run starts). A full disk is a RunError."""
     tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise RunError(disk_full(path, need_bytes)) from None
+        raise
+
+
+def write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_atomic(path, write, len(text))
+
+
+def nbytes(x):
+    """Bytes of the tensors in a nested state."""
+    if isinstance(x, torch.Tensor):
+        return x.nbytes
+    if isinstance(x, dict):
+        return sum(map(nbytes, x.values()))
+    return sum(map(nbytes, x)) if isinstance(x, (list, tuple)) else 0
+
+
+def save_checkpoint(path, state):
+    """Plain tensors, numbers, strings, lists and dicts (loadable with weights_only), written atomically."""
+    write_atomic(path, lambda tmp: torch.save(state, tmp), nbytes(state))
 
 
 def load_checkpoint(path):
-    """The checkpoint's state if it is complete and its weights finite; else a ValueError saying why."""
+    """The checkpoint's state if it is complete and its weights finite; else a ValueError saying why.
+    weights_only: a checkpoint from elsewhere cannot run code."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if zipfile.is_zipfile(path) and "Weights only load failed" in str(e):  # complete, but pickles objects
+            raise ValueError(f"{path} was written by an older mini/train.py in a format that may run code when "
+                             "loaded, so it is refused; start a new run, or resume it with the version that wrote it") from None
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}); it is damaged") from None
     except Exception as e:
         raise ValueError(f"{path} cannot be read ({type(e).__name__}); it is damaged") from None
     missing = {"model", "optimizer", "step", "config", "run_name", "rng"} - set(state)
@@ -40,11 +97,60 @@ def load_checkpoint(path):
     return state
 
 
+def read_rows(path):
+    """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
+    a ValueError naming it (file:line)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    rows = []
+    for i, line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i < lines[-1][0]:
+                raise ValueError(f"{path}:{i}: not a JSON row; the log is damaged") from None
+            print(f"{path}:{i}: skipping the last line, cut off", file=sys.stderr)
+    return rows
+
+
+def resume_config(cfg, given, saved):
+    """The config of a resumed run: its saved one (`saved`, a dict from config.json), with the flags given on
+    the command line (`given`, names) applied where they may change (RESUMABLE). Returns (config, what
+    changed); a given flag that would change the run itself is a RunError listing every such flag."""
+    base = Config(**{k: v for k, v in saved.items() if k in FIELDS})  # fields added since keep their defaults
+    changed, refused = {}, []
+    for name in sorted(given):
+        new, old = getattr(cfg, name), getattr(base, name)
+        if new == old:
+            continue
+        if name in RESUMABLE:
+            changed[name] = (old, new)
+        else:
+            refused.append(f"--{name} {new!r} (the run has {old!r})")
+    if refused:
+        raise RunError(f"--auto_resume continues the run with its own config.json, and these flags would change it: "
+                       f"{', '.join(refused)}; drop them, or start a new run with another --run_name")
+    return dataclasses.replace(base, **{k: new for k, (_, new) in changed.items()}), changed
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 class RunDir:
+    """logs/<run_name>: paths, logs, checkpoints, and the claim on it (claim() before writing anything)."""
+
     def __init__(self, log_dir, run_name):
         self.name, self.path = run_name, os.path.join(log_dir, run_name)
         self.ckpt_dir = os.path.join(self.path, "checkpoints")
-        os.makedirs(self.ckpt_dir, exist_ok=True)
+        self.lock = os.path.join(self.path, "run.lock")
+        self.created = False
 
     def file(self, name):
         return os.path.join(self.path, name)
@@ -52,9 +158,73 @@ class RunDir:
     def checkpoint(self, name):
         return os.path.join(self.ckpt_dir, name)
 
+    # --- owning the directory
+    def holds_run(self):
+        """Whether an earlier run left anything here (logs, checkpoints, a snapshot)."""
+        return any(f != "run.lock" for _, _, files in os.walk(self.path) for f in files)
+
+    def claim(self, resume, overwrite=False):
+        """Make the directory this process's: refuse one that holds a run unless resuming (or move it aside
+        with overwrite), take the lock, remove the .tmp leftovers of a killed write."""
+        if self.holds_run() and not resume:
+            if not overwrite:
+                raise RunError(f"{self.path} already holds a run; continue it with --auto_resume, or start afresh "
+                               f"with --overwrite (the old run is moved aside, not deleted), or pick another --run_name")
+            aside = f"{self.path}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.take_lock()  # not while another process trains there
+            os.remove(self.lock)
+            os.rename(self.path, aside)
+            print(f"moved the earlier run to {aside}", file=sys.stderr)
+        self.created = not os.path.isdir(self.path)
+        self.take_lock()
+        for tmp in glob.glob(self.file("*.tmp")) + glob.glob(self.checkpoint("*.tmp")):
+            os.remove(tmp)
+        for tmp in glob.glob(self.file(".tmp-*")):  # loader.save_model's unfinished snapshots
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def take_lock(self):
+        """run.lock with "pid host"; one held by a live process is refused, a stale one (its process
+        is gone) is taken over. The same process may take it again."""
+        host = socket.gethostname()
+        if os.path.exists(self.lock):
+            try:
+                with open(self.lock) as f:
+                    pid, lock_host = f.read().split()
+                pid = int(pid)
+            except (OSError, ValueError):
+                pid, lock_host = None, host  # cut off mid-write: its writer died
+            if pid is not None and pid != os.getpid():
+                if lock_host != host:
+                    raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
+                                   "is over, delete the lock file, else pick another --run_name")
+                if pid_alive(pid):
+                    raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
+                                   "to end, or pick another --run_name")
+                print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
+        os.makedirs(self.path, exist_ok=True)
+        write_text(self.lock, f"{os.getpid()} {host}\n")
+
+    def release(self, failed=False):
+        """Drop the lock; after a failed start, remove the directory if this start made it and left nothing."""
+        if os.path.exists(self.lock):
+            os.remove(self.lock)
+        if failed and self.created and not any(files for _, _, files in os.walk(self.path)):
+            shutil.rmtree(self.path)
+
+    def saved_config(self):
+        """config.json of the run as a dict, None if there is none."""
+        path = self.file("config.json")
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except ValueError:
+            raise RunError(f"{path} is damaged (not JSON); restore it, or start afresh with --overwrite") from None
+
     # --- logs
     def log(self, line):
-        print(line, flush=True)
+        tqdm.write(line)  # above the progress bar, if there is one
         with open(self.file("train.log"), "a") as f:
             f.write(line + "\n")
 
@@ -64,21 +234,23 @@ class RunDir:
                 f.write(json.dumps(row) + "\n")
 
     def truncate_logs(self, step):
-        """Drop the rows of steps after `step` from the JSONL logs: they are redone after a resume."""
+        """Drop the rows of steps after `step` (and a cut-off last line) from the JSONL logs: they are redone
+        after a resume."""
         for name in STEP_LOGS:
             path = self.file(name)
             if os.path.exists(path):
-                with open(path) as f:
-                    keep = [line for line in f if json.loads(line)["step"] <= step]
-                with open(path, "w") as f:
-                    f.writelines(keep)
+                try:
+                    rows = read_rows(path)
+                except ValueError as e:
+                    raise RunError(f"{e}: restore it, or move the run aside with --overwrite") from None
+                write_text(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
     def save_config(self, cfg):
-        with open(self.file("config.json"), "w") as f:
-            json.dump(dataclasses.asdict(cfg), f, indent=2)
+        write_text(self.file("config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
 
     # --- checkpoints
     def save(self, name, state):
+        os.makedirs(self.ckpt_dir, exist_ok=True)
         save_checkpoint(self.checkpoint(name), state)
 
     def save_regular(self, state, keep_last):
@@ -90,8 +262,9 @@ class RunDir:
 
     def latest_valid_checkpoint(self):
         """(path, state) of the valid checkpoint with the highest step among regular, stable and
-        recovery ones; None if there is none. Damaged ones are skipped with a message."""
-        best = None
+        recovery ones; None if there is none. Damaged ones are skipped with a message; if every one is
+        damaged, a RunError: the run never restarts from step 0 on top of its old logs."""
+        best, damaged = None, []
         for path in glob.glob(self.checkpoint("*.pt")):
             if os.path.basename(path).startswith("debug"):
                 continue
@@ -99,7 +272,11 @@ class RunDir:
                 state = load_checkpoint(path)
             except ValueError as e:
                 print(f"skipping {e}", file=sys.stderr)
+                damaged.append(os.path.basename(path))
                 continue
             if best is None or state["step"] > best[1]["step"]:
                 best = (path, state)
+        if best is None and damaged:
+            raise RunError(f"every checkpoint of {self.path} is damaged ({', '.join(sorted(damaged))}); nothing to "
+                           "resume from. Start afresh with --overwrite (the old run is moved aside)")
         return best

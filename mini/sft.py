@@ -27,13 +27,13 @@ logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 """
 import dataclasses
 import json
-import os
 import random
 import signal
 import sys
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from mini.chess_eval import load_mates
 from mini.config import EVAL_PATH, parse_args
@@ -42,6 +42,8 @@ from mini.formats import position_key
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.report import make_reporter
+from mini.runs import RunDir, RunError
 from mini.runtime import autocast, lr_factor, resolve_device
 from mini.tokenizer import Tokenizer
 
@@ -110,27 +112,39 @@ def sft_loss(model, x, mask, y, loss_mask):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
+    cfg = parse_args(argv, "sft", "Supervised warm start: teach a GPT-2 the RookWorld formats (see mini/sft.py).")
+    run = RunDir(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
+    try:
+        run.claim(resume=False, overwrite=cfg.overwrite)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        return train_sft(cfg, run)
+    except (LoadError, ValueError, OSError, RunError) as e:  # no snapshot, a bad data file, a full disk
+        run.release(failed=True)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        run.release()
+
+
+def train_sft(cfg, run):
+    reporter = make_reporter(cfg.report_to, run.path, dataclasses.asdict(cfg))
     device = resolve_device(cfg.device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    try:
-        if cfg.model_path == "scratch":
-            model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
-        else:
-            model, tok = load_model(cfg.model_path, device)
-        data = SFTData(cfg)
-    except (LoadError, ValueError, OSError) as e:  # no such snapshot, a missing or malformed data file
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if cfg.model_path == "scratch":
+        model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
+    else:
+        model, tok = load_model(cfg.model_path, device)
+    data = SFTData(cfg)
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
-    run_dir = os.path.join(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
-    os.makedirs(run_dir, exist_ok=True)
-    log_file = open(os.path.join(run_dir, "sft.log"), "a")
+    log_file = open(run.file("sft.log"), "a")
 
     def log(line):
-        print(line, flush=True)
+        tqdm.write(line)
         log_file.write(line + "\n")
         log_file.flush()
 
@@ -139,14 +153,19 @@ def main(argv=None):
         f"A: share {cfg.mix_env_ratio}" + (f", time limit {cfg.time_limit_min} min" if cfg.time_limit_min > 0 else ""))
     stop = []
 
-    def on_signal(signum, frame):  # finish the step, save, exit; a second Ctrl-C kills as usual
-        stop.append(signal.Signals(signum).name)
-        signal.signal(signum, handlers[signum])
+    def on_signal(signum, frame):  # finish the step, save the snapshot, exit; a second Ctrl-C quits at once
+        name = signal.Signals(signum).name
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(name)
+        print(f"\n{name}: finishing step {step + 1}, then saving the snapshot (again to quit at once)",
+              file=sys.stderr, flush=True)
 
     handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     limit_s = 60 * cfg.time_limit_min
     t0 = t_log = time.time()
     step, loss_sum, tokens = 0, 0.0, 0
+    bar = tqdm(total=cfg.steps, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
     try:
         while step < cfg.steps and not stop:
             elapsed = time.time() - t0
@@ -168,17 +187,25 @@ def main(argv=None):
             optimizer.step()
             step += 1
             loss_sum, tokens = loss_sum + loss.item(), tokens + int(mask.sum())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
             if step % LOG_EVERY == 0 or step == cfg.steps:
-                now = time.time()
-                log(f"step {step:5d} | loss {loss_sum / ((step - 1) % LOG_EVERY + 1):.4f} | lr {lr:.2e} | "
+                now, mean_loss = time.time(), loss_sum / ((step - 1) % LOG_EVERY + 1)
+                log(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | "
                     f"{tokens / (now - t_log):.0f} tok/s | {now - t0:.0f} s")
+                reporter.log(step, {"loss": mean_loss, "lr": lr, "tokens_per_s": tokens / (now - t_log)})
                 t_log, loss_sum, tokens = now, 0.0, 0
+    except KeyboardInterrupt:
+        log(f"quit at step {step} without saving")
+        return 130
     finally:
+        bar.close()
+        reporter.close()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     if stop:
-        log(f"{stop[0]} received at step {step}")
-    final = save_model(model, tok, os.path.join(run_dir, "final"))
+        log(f"{stop[0]}: saving the snapshot at step {step}...")
+    final = save_model(model, tok, run.file("final"))
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {final}")
     log_file.close()
     return 0

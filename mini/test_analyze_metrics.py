@@ -1,10 +1,13 @@
-"""analyze_metrics.py (at the repository root): window means, warnings and the CLI on a written run.
+"""analyze_metrics.py (at the repository root): window means, warnings and the CLI on a written run;
+--plot on two runs (valid PNGs of the figures mini/plots.py built) and without matplotlib.
 
     python mini/test_analyze_metrics.py
 """
+import builtins
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
@@ -15,9 +18,17 @@ spec.loader.exec_module(am)
 
 
 def write_run(tmp_path, rows):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return str(tmp_path)
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk, after checking the 8-byte signature."""
+    head = open(path, "rb").read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def test_window_means_by_hand():
@@ -56,15 +67,76 @@ def test_cli_explains_bad_input(tmp_path):
     run = write_run(tmp_path, [{"step": 1}, {"step": 2}])
     with pytest.raises(SystemExit):
         am.main([run, "--windows", "0"])
+    with pytest.raises(SystemExit):
+        am.main([run, "--out", str(tmp_path / "plots")])  # --out without --plot
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "lo')  # a run killed mid-write: the cut-off last line is skipped
     assert [r["step"] for r in am.load_metrics(run)] == [1, 2]
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('\n{"step": 4}\n')
-    with pytest.raises(SystemExit, match="metrics.jsonl:3: not a step record"):
+    with pytest.raises(SystemExit, match="metrics.jsonl:3: not a JSON row"):
         am.main([run])
 
 
+def test_cli_several_runs_print_each_summary(tmp_path, capsys):
+    a = write_run(tmp_path / "a", [{"step": i, "reward_mean": 0.1 * i} for i in range(1, 5)])
+    b = write_run(tmp_path / "b", [{"step": i, "kl": 0.5} for i in range(1, 3)])
+    am.main([a, b + "/metrics.jsonl", "--windows", "2"])
+    out = capsys.readouterr().out
+    assert out.index("== a ==") < out.index("4 steps") < out.index("== b ==") < out.index("2 steps")
+    assert "KL to the start model is 0.50" in out  # each run gets its own warnings
+
+
+def test_cli_plot_two_runs(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+    from mini import plots
+    from mini.test_plots import line_labels, synthetic_rows
+    written, write_run_plots = {}, plots.write_run_plots
+
+    def spy(runs, out):  # keeps the figures main() saved, to read their axes
+        written.update(write_run_plots(runs, out))
+        return written
+
+    monkeypatch.setattr(plots, "write_run_plots", spy)
+    runs = [write_run(tmp_path / name, synthetic_rows(shift=shift)) for name, shift in (("base", 0.0), ("lr-up", 0.1))]
+    am.main(runs + ["--plot", "--out", str(tmp_path / "plots")])
+    names = ["train.png", "eval.png", "chess.png"]
+    assert sorted(written) == sorted(str(tmp_path / "plots" / n) for n in names)
+    out = capsys.readouterr().out
+    assert "== base ==" in out and all(f"wrote {tmp_path / 'plots' / n}" in out for n in names)
+    for path, fig in written.items():
+        w, h = fig.get_size_inches() * plots.DPI
+        assert png_size(path) == (round(w), round(h)) and w > 400 and h > 150
+    train = written[str(tmp_path / "plots" / "train.png")]
+    assert [ax.get_title() for ax in train.axes[:2]] == ["reward, rolling mean of 2", "reward, P: task, rolling mean of 2"]
+    assert all(line_labels(ax) == ["base", "lr-up"] for ax in train.axes[:3] + train.axes[4:7])
+    assert train.axes[-1].get_title() == "seconds per phase: lr-up"
+    held_out = written[str(tmp_path / "plots" / "eval.png")]
+    assert [ax.get_title() for ax in held_out.axes] == ["eval_reward", "eval_P_invalid"]
+    assert line_labels(held_out.axes[0]) == ["base", "lr-up"]
+    small = write_run(tmp_path / "small", [{"step": 1, "kl": 0.1}])
+    am.main([small + "/metrics.jsonl", "--plot"])  # default folder: plots/ in the (first) run directory
+    assert os.listdir(tmp_path / "small" / "plots") == ["train.png"]
+
+
+def test_cli_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch, capsys):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.delitem(sys.modules, "mini.plots", raising=False)  # import it afresh, as in a new process
+    if "mini" in sys.modules:
+        monkeypatch.delattr(sys.modules["mini"], "plots", raising=False)
+    run = write_run(tmp_path, [{"step": 1, "reward_mean": 0.1}])
+    with pytest.raises(SystemExit) as e:
+        am.main([run, "--plot"])
+    assert e.value.code == 'analyze_metrics.py: plotting needs matplotlib, an optional extra: pip install -e ".[plot]"'
+    assert "1 steps" in capsys.readouterr().out and not os.path.exists(tmp_path / "plots")
+
+
 if __name__ == "__main__":
-    import sys
     sys.exit(pytest.main([__file__, "-q"]))

@@ -29,6 +29,8 @@ DEPTH = 8
 def test_missing_binary_says_how_to_fix():
     with pytest.raises(FileNotFoundError, match=r"apt-get install stockfish.*--stockfish_path"):
         find_stockfish("/nonexistent/stockfish")
+    with pytest.raises(FileNotFoundError, match="^/bin/cat is not a UCI chess engine .* point --stockfish_path"):
+        find_stockfish("/bin/cat")  # it runs, but never says uciok
 
 
 def test_jsonl_cache_ends_a_cut_off_line(tmp_path):

@@ -10,7 +10,7 @@ import chess
 import pytest
 
 from mini.config import EVAL_PATH, POOL_PATH, Config
-from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_samples, load_text
+from mini.dataset import MAX_BAD_LINES, ReplayBuffer, TaskSampler, load_jsonl, load_samples, load_text
 from mini.formats import env_completion, legal_ucis, parse_line, position_key
 from mini.positions import generate_positions, random_env_sample
 from mini.test_formats import A_LINES, P_LINES, START
@@ -35,6 +35,24 @@ def test_malformed_lines_say_what_is_wrong(tmp_path):
     assert [s.task for s in samples] == ["P", "A"] and skipped == 2
     with pytest.raises(ValueError, match=rf"^{path}:2: "):
         load_text(str(path), skip_bad_lines=False)
+
+
+def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
+    path = tmp_path / "data.txt"
+    path.write_bytes(P_LINES[0].encode() + b"\n\xff\xfe junk\n" + A_LINES[0].encode() + b"\n")
+    samples, skipped = load_text(str(path))  # one bad byte costs its line, not the file
+    assert [s.task for s in samples] == ["P", "A"] and skipped == 1
+    assert f"{path}:2: not UTF-8 text" in capsys.readouterr().err
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"holds no sample \(it is empty\)"):
+        load_text(str(path))
+    path.write_text("junk\n" * (MAX_BAD_LINES + 1) + P_LINES[0] + "\n")
+    with pytest.raises(ValueError, match=f"more than {MAX_BAD_LINES} bad lines .*is it a RookWorld data file"):
+        load_text(str(path))
+    jsonl = tmp_path / "positions.jsonl"
+    with open(EVAL_PATH) as src:
+        jsonl.write_text("".join(src.readlines()[:3]) + '{"fen": "8/8')  # a cut-off last line is skipped
+    assert len(load_jsonl(str(jsonl))) == 2
 
 
 def test_data_file_may_be_annotated_jsonl(tmp_path):

@@ -2,6 +2,7 @@
 
     python mini/test_evaluate.py
 """
+import argparse
 import json
 import os
 import subprocess
@@ -146,7 +147,7 @@ def test_engine_quality_is_the_reward_function():
     assert values["eval_P_blunder"][:4] == [0, 0, 1, 1] and len(values["eval_P_cpl"]) == 5
     m = ev.means(values)
     assert m["eval_P_cpl_median"] == sorted(values["eval_P_cpl"])[2]
-    reason = ev.engine_or_reason(ev.argparse.Namespace(stockfish_path="/nonexistent/stockfish", engine_depth=8,
+    reason = ev.engine_or_reason(argparse.Namespace(stockfish_path="/nonexistent/stockfish", engine_depth=8,
                                                        engine_nodes=0, engine_cache=""))
     assert reason[0] is None and reason[1].startswith("move quality skipped: Stockfish not found")
     assert "apt-get install stockfish" in reason[1]
@@ -239,6 +240,23 @@ def test_paired_bootstrap_pairs_prompts_and_shares_draws():
     x, y = [0.0, 1.0] * 100, [1.0, 1.0] * 100
     alone = ev.paired_bootstrap({"x": x}, {"x": y})["x"]
     assert ev.paired_bootstrap({"other": y, "x": x}, {"other": x, "x": y})["x"] == alone
+
+
+
+def test_compare_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+    samples, paths = ev.held_out_samples(3), []
+    for name, completions in (("before", ["garbage"] * len(samples)), ("after", [s.completion for s in samples])):
+        rows = [{"task": s.task, "prompt": s.prompt, "completion": c} for s, c in zip(samples, completions)]
+        (tmp_path / name).write_text(json.dumps({"data": EVAL_PATH, "n_per_task": 3, "shaping": "continuous",
+                                                 "samples": rows}))
+        paths.append(str(tmp_path / name))
+    ev.main(["--compare", *paths, "--plot", str(tmp_path / "plots" / "compare.png")])
+    assert (tmp_path / "plots" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ev.main(["--plot", "x.png"])
+    assert "--plot goes with --compare" in capsys.readouterr().err
 
 
 if __name__ == "__main__":

@@ -126,15 +126,19 @@ def test_policy_loss_matches_naive_loop(loss_type):
     adv = torch.randn(8, generator=g)
     lo, hi = 0.2, 0.28
     loss, stats = policy_loss(token_logprobs(logits, ids), old_logp, adv, mask, lo, hi, loss_type)
-    w, total, n_clip = naive_weights(LENS, loss_type), 0.0, 0
+    w, total, n_low, n_high = naive_weights(LENS, loss_type), 0.0, 0, 0
     for i in range(8):
         a = adv[i].item()
         for t in range(LENS[i]):
             rho = math.exp(naive_logp(logits, ids, i, t).item() - old_logp[i, t].item())
             total += w[i] * -min(rho * a, min(max(rho, 1 - lo), 1 + hi) * a)
-            n_clip += (rho < 1 - lo and a < 0) or (rho > 1 + hi and a > 0)
+            n_low += rho < 1 - lo and a < 0
+            n_high += rho > 1 + hi and a > 0
     assert loss.item() == pytest.approx(total, abs=1e-6)
-    assert stats["clip_frac"] == pytest.approx(n_clip / sum(LENS)) and 0 < n_clip < sum(LENS)
+    n = sum(LENS)
+    assert stats["clip_frac"] == pytest.approx((n_low + n_high) / n) and 0 < n_low + n_high < n
+    assert stats["clip_low_frac"] == pytest.approx(n_low / n) and stats["clip_high_frac"] == pytest.approx(n_high / n)
+    assert n_low > 0 and n_high > 0
 
 
 def test_dr_grpo_divides_by_the_generation_budget_by_hand():

@@ -15,7 +15,8 @@ LAYERS = [
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
     "formats", "positions", "annotate", "dataset",  # RookWorld text, positions, Stockfish labels, prompt sources
     "reward_scorer", "grpo",               # rewards; the objective as tensor functions
-    "runs", "evaluate", "chess_eval",      # run directories; held-out metrics; chess skill
+    "runs", "report", "plots",             # run directories; their dashboards (TRL's names) and PNGs
+    "evaluate", "chess_eval",              # held-out metrics; chess skill
     "train",                               # the GRPO loop
     "sft", "bench", "mutants",             # scripts
 ]

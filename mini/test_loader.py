@@ -70,6 +70,21 @@ def test_clear_errors(snapshot, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "n_embd": 64}))
     with pytest.raises(LoadError, match="do not match"):
         load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"n_layer": 2,')  # cut off
+    with pytest.raises(LoadError, match=rf"^{tmp_path / 'config.json'} is damaged \(not JSON\)"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(open(os.path.join(path, "model.safetensors"), "rb").read()[:1000])
+    with pytest.raises(LoadError, match=rf"^{tmp_path / 'model.safetensors'} cannot be read .*damaged"):
+        load_model(str(tmp_path))
+
+
+def test_a_path_is_never_taken_for_a_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "logs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for path in ("logs/nope", "./nope", "nope", "a/b/c", "~/nope"):  # logs exists here: logs/nope is a path
+        with pytest.raises(LoadError, match=f"^model directory {path} does not exist"):
+            load_model(path)
 
 
 def test_hub_offline_without_cache(monkeypatch, tmp_path):

@@ -2,6 +2,7 @@
 
     python mini/test_sft.py
 """
+import glob
 import os
 import time
 
@@ -102,6 +103,19 @@ def test_time_limit_stops_and_saves(tmp_path):
         assert "time limit of 0.05 min reached" in f.read()
     model, _ = load_model(str(tmp_path / "t" / "final"))
     assert model.config.n_layer == 1 and model.config.n_embd == 32
+
+
+def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
+    argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
+            "--run_name", "t", "--steps", "1", "--batch_size", "2"]
+    assert sft.main(argv) == 0
+    log = (tmp_path / "t" / "sft.log").read_text()
+    assert sft.main(argv) == 1
+    assert "already holds a run" in capsys.readouterr().err and (tmp_path / "t" / "sft.log").read_text() == log
+    assert sft.main(argv + ["--overwrite"]) == 0
+    assert [open(p).read() for p in glob.glob(str(tmp_path / "t.old-*" / "sft.log"))] == [log]
+    assert sft.main(argv[:-4] + ["--run_name", "u", "--model_path", str(tmp_path / "none")]) == 1
+    assert not (tmp_path / "u").exists()  # a failed start leaves nothing behind
 
 
 def test_sft_data_never_holds_an_eval_position(tmp_path):

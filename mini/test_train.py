@@ -11,6 +11,7 @@ mini/test_reference_step.py checks one update against a naive reference.
     python mini/test_train.py
 """
 import concurrent.futures
+import io
 import json
 import math
 import os
@@ -177,12 +178,15 @@ def test_a_short_run_writes_everything(tiny, tmp_path):
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 7))
     for key in ("loss", "policy_loss", "kl", "kl_coef", "reward_mean", "reward_std", "reward_mean_P", "format_valid_P",
-                "zero_var_share", "clip_frac", "entropy", "grad_norm", "lr", "completion_tokens", "time_generate",
+                "zero_var_share", "clip_frac", "clip_low_frac", "clip_high_frac", "entropy", "grad_norm", "lr",
+                "completion_tokens", "completion_len_mean", "completion_clipped_ratio", "time_generate",
                 "time_score", "time_update", "peak_mem_mb"):
         assert all(key in m for m in metrics), key
     assert "eval_reward" in metrics[2] and "eval_format_valid_A" in metrics[5]
     assert metrics[0]["lr"] == pytest.approx(1e-3 / 2)  # warmup already applies to the first update
     assert all(m["zero_var_share"] < 1 and m["adv_abs_mean"] > 0 for m in metrics)  # a policy gradient every step
+    assert all(m["completion_len_mean"] * 2 * 3 == pytest.approx(m["completion_tokens"]) for m in metrics)
+    assert any(0 < m["completion_clipped_ratio"] < 1 for m in metrics)  # some ran to --max_new_tokens 8, some stopped
     assert len(read_jsonl(run / "samples.jsonl")) == 6 * 2
     log = (run / "train.log").read_text()
     assert "Step 6 | Loss" in log and "| P/E " in log
@@ -264,8 +268,10 @@ def test_sigkill_then_auto_resume_equals_uninterrupted(straight, tiny, tmp_path)
     assert not (run / "final").exists() and len(read_jsonl(run / "metrics.jsonl")) == 5
     for name in ("step_000004.pt", "recovery.pt"):  # both files of step 4 damaged: the one of step 2 is next
         (run / "checkpoints" / name).write_bytes(b"garbage")
-    resumed = run_hooked_cli(argv + ["--auto_resume"])
+    # only the run's name: the model, sizes and objective come from the run's config.json
+    resumed = run_hooked_cli(["--log_dir", str(tmp_path), "--run_name", "killed", "--auto_resume"])
     assert resumed.returncode == 0, resumed.stderr
+    assert "taking over" in resumed.stderr  # the killed process's lock
     assert resumed.stderr.count("it is damaged") == 2
     assert f"Resumed from {run / 'checkpoints' / 'step_000002.pt'} at step 2" in (run / "train.log").read_text()
     assert without_timing(read_jsonl(straight / "metrics.jsonl")) == without_timing(read_jsonl(run / "metrics.jsonl"))
@@ -316,18 +322,66 @@ def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert saved == ["step_000002.pt"]
 
 
-def test_sigterm_saves_a_checkpoint(tiny, tmp_path):
-    argv = args(tiny, tmp_path, "term", 1000, "--save_every", "0")
-    proc = subprocess.Popen([sys.executable, "-m", "mini.train", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "term" / "metrics.jsonl"
+def start_and_wait_for_a_step(tiny, tmp_path, run):
+    proc = subprocess.Popen([sys.executable, "-m", "mini.train", *args(tiny, tmp_path, run, 1000, "--save_every", "0")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / run / "metrics.jsonl"
     while proc.poll() is None and not metrics.exists():
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
+    proc = start_and_wait_for_a_step(tiny, tmp_path, "sig")
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "SIGTERM received: checkpoint saved" in err
-    saved = [f for f in os.listdir(tmp_path / "term" / "checkpoints") if f.startswith("step_")]
-    assert len(saved) == 1 and load_checkpoint(str(tmp_path / "term" / "checkpoints" / saved[0]))["step"] >= 1
+    name = signal.Signals(sig).name
+    assert proc.returncode == 1 and f"{name}: finishing step" in err and "saved; resume with: python mini/train.py" in err
+    assert "Traceback" not in err
+    assert f"{name}: saving checkpoint at step" in (tmp_path / "sig" / "train.log").read_text()
+    saved = [f for f in os.listdir(tmp_path / "sig" / "checkpoints") if f.startswith("step_")]
+    assert len(saved) == 1 and load_checkpoint(str(tmp_path / "sig" / "checkpoints" / saved[0]))["step"] >= 1
+    assert not (tmp_path / "sig" / "run.lock").exists()
+
+
+def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(tiny, tmp_path):
+    proc = start_and_wait_for_a_step(tiny, tmp_path, "twice")
+    proc.send_signal(signal.SIGINT)
+    first = proc.stderr.readline() + proc.stderr.readline()  # the acknowledgement: the first one was handled
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    err = first + err
+    assert "finishing step" in first
+    assert proc.returncode == 130 and "quit at once" in err and "Traceback" not in err, err
+    ckpts = tmp_path / "twice" / "checkpoints"
+    assert not [f for f in os.listdir(ckpts) if f.endswith(".tmp")]  # an interrupted write removes its .tmp
+    for f in os.listdir(ckpts):
+        load_checkpoint(str(ckpts / f))  # every checkpoint is whole
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_terminal_gets_a_progress_bar(tiny, tmp_path, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert train.main(args(tiny, tmp_path, "bar", 2)) == 0
+    bar = terminal.getvalue()
+    assert "2/2" in bar and "reward=" in bar and "kl=" in bar and "<00:00" in bar  # steps, postfix, ETA
+
+
+def test_report_to_tensorboard_mirrors_metrics_jsonl(tiny, tmp_path):
+    pytest.importorskip("tensorboard", reason='tensorboard is an optional extra: pip install -e ".[tensorboard]"')
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert train.main(args(tiny, tmp_path, "tb", 2, "--report_to", "tensorboard")) == 0
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    for row in read_jsonl(tmp_path / "tb" / "metrics.jsonl"):
+        for tag, key in (("train/reward", "reward_mean"), ("train/kl", "kl")):
+            assert [e.value for e in events.Scalars(tag) if e.step == row["step"]] == [pytest.approx(row[key])]
 
 
 def test_chess_skill_joins_the_periodic_evaluation(tiny, tmp_path):

@@ -3,15 +3,17 @@ GRPO fine-tuning of RookWorld-LM on mixed P: (policy) and A: (environment) tasks
 
     python mini/train.py --steps 100 --k_samples 8
     python mini/train.py --model_path logs/sft/final --run_name demo --steps 200
-    python mini/train.py --run_name demo --auto_resume          # continue after a crash or kill
+    python mini/train.py --run_name demo --auto_resume          # continue after a crash, kill or Ctrl-C
 
 Each step: draw batch_size prompts, sample k_samples completions each (rollout), score them, turn the
 rewards into group-relative advantages, update the policy (PPO-clipped, KL to the frozen start model).
 Logging, evaluation and checkpoints happen around the step, in finish_step(). Everything lands in
-logs/<run_name>/ (see mini/runs.py).
+logs/<run_name>/ (see mini/runs.py), which belongs to one process at a time and to one run: a directory
+that holds a run is continued with --auto_resume (under its saved config) or moved aside with --overwrite.
 """
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
@@ -20,15 +22,17 @@ import time
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from mini import grpo
 from mini.chess_eval import quick_metrics
-from mini.config import parse_args
+from mini.config import given_flags, parse_args
 from mini.dataset import ReplayBuffer, TaskSampler, load_samples
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
+from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
-from mini.runs import RunDir, load_checkpoint
+from mini.runs import RunDir, RunError, load_checkpoint, resume_config
 from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
                           set_rng_state)
 from mini.sampler import generate
@@ -80,8 +84,21 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         seed_everything(cfg.seed)
         self.run_dir = RunDir(cfg.log_dir, cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+        self.run_dir.claim(resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint),
+                           overwrite=cfg.overwrite)
         self.log = self.run_dir.log
+        try:
+            self.setup()
+        except BaseException:
+            self.run_dir.release(failed=True)  # a failed start leaves no empty run directory behind
+            raise
 
+    def setup(self):
+        cfg = self.cfg
+        try:
+            self.reporter = make_reporter(cfg.report_to, self.run_dir.path, dataclasses.asdict(cfg))
+        except ValueError as e:  # the sentence says which extra to install
+            raise StopRun(f"error: {e}") from None
         self.model, self.tok = load_model(cfg.model_path, self.device)
         self.ref, _ = load_model(cfg.model_path, self.device)  # frozen start model: the KL anchor
         self.ref.requires_grad_(False)
@@ -107,7 +124,7 @@ class Trainer:
         except FileNotFoundError as e:  # --p_reward engine without Stockfish: says how to install it
             raise StopRun(f"error: {e}") from None
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
-        self.stop_signal = None
+        self.stop_signal, self.bar = None, None
 
     def autocast(self):
         return autocast(self.device, self.cfg)
@@ -137,7 +154,10 @@ class Trainer:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
         m = {"step": self.step, **stats, **adv_stats, **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
-             "completion_tokens": sum(map(len, r.completions)), **self.scorer.metrics, **timer.seconds(),
+             "completion_tokens": sum(map(len, r.completions)),
+             "completion_len_mean": sum(map(len, r.completions)) / len(r.completions),
+             "completion_clipped_ratio": sum(len(c) >= self.cfg.max_new_tokens for c in r.completions) / len(r.completions),
+             **self.scorer.metrics, **timer.seconds(),
              "peak_mem_mb": peak_memory_mb(self.device)}
         self.finish_step(m, r)
         return m
@@ -270,9 +290,11 @@ class Trainer:
                 self.save("stable.pt")
         self.run_dir.append_jsonl("metrics.jsonl", [m])
         first_of_groups = range(0, min(cfg.log_samples, cfg.batch_size) * cfg.k_samples, cfg.k_samples)
-        self.run_dir.append_jsonl("samples.jsonl", [
-            {"step": self.step, "task": r.samples[i].task, "prompt": r.samples[i].prompt, "completion": r.texts[i],
-             "reward": r.scores[i][0]} for i in first_of_groups])
+        samples = [{"step": self.step, "task": r.samples[i].task, "prompt": r.samples[i].prompt,
+                    "completion": r.texts[i], "reward": r.scores[i][0]} for i in first_of_groups]
+        self.run_dir.append_jsonl("samples.jsonl", samples)
+        self.reporter.log(self.step, m)  # a view of the row just written: metrics.jsonl stays the record
+        self.reporter.log_samples(self.step, samples)
         n_env = r.tasks.count("A") // cfg.k_samples
         self.log(f"Step {self.step} | Loss {m['loss']:.4f} | Reward {m['reward_mean']:.3f} (best {self.best_reward:.3f}) "
                  f"| P/E {cfg.batch_size - n_env}/{n_env} | KL {m.get('kl', 0.0):.4f} | {m['time_step']:.1f}s"
@@ -286,37 +308,63 @@ class Trainer:
             self.save("recovery.pt")
             self.recoveries = 0
 
-    def run(self):
-        self.resume()
-        if self.cfg.auto_batch_size:
-            self.choose_batch_size()
-        self.run_dir.save_config(self.cfg)
-        if not os.path.exists(self.run_dir.checkpoint("recovery.pt")):
-            self.save("recovery.pt")  # the known-good start
-        self.log(f"Run {self.run_dir.name}: {self.model.num_params() / 1e6:.1f}M params on {self.device}, "
-                 f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}")
+    def run(self, changed=None):
+        """Resume if asked to (`changed`: the flags a resumed run changed, logged), train, save the final model."""
+        try:
+            self.resume()
+            for name, (old, new) in (changed or {}).items():
+                if name != "auto_resume":
+                    self.log(f"resume: --{name} {old!r} -> {new!r}")
+            if self.cfg.auto_batch_size and self.step == 0:  # a resumed run keeps the batch size it chose
+                self.choose_batch_size()
+            self.run_dir.save_config(self.cfg)
+            if not os.path.exists(self.run_dir.checkpoint("recovery.pt")):
+                self.save("recovery.pt")  # the known-good start
+            self.log(f"Run {self.run_dir.name}: {self.model.num_params() / 1e6:.1f}M params on {self.device}, "
+                     f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}")
+            self.loop()
+            self.save_regular()
+            final = save_model(self.model, self.tok, self.run_dir.file("final"))
+            self.log(f"Done: final model in {final}")
+        finally:
+            self.scorer.close()
+            self.reporter.close()
+            self.run_dir.release()
+
+    def loop(self):
+        """Steps until --steps, the time limit or a signal; a progress bar where the output is a terminal."""
         handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         deadline = time.time() + 60 * self.cfg.time_limit_min if self.cfg.time_limit_min > 0 else math.inf
+        self.bar = tqdm(total=self.cfg.steps, initial=self.step, unit="step", dynamic_ncols=True,
+                        disable=not sys.stderr.isatty())
         try:
             while self.step < self.cfg.steps:
                 if time.time() > deadline:
                     self.log(f"Time limit of {self.cfg.time_limit_min} min reached at step {self.step}")
                     break
-                self.train_step()
+                m = self.train_step()
+                if m is not None:
+                    self.bar.update(1)
+                    self.bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.4f}")
                 if self.stop_signal:
+                    self.log(f"{self.stop_signal}: saving checkpoint at step {self.step}...")
                     self.save_regular()
-                    raise StopRun(f"{self.stop_signal} received: checkpoint saved at step {self.step}; "
-                                  f"continue with --run_name {self.run_dir.name} --auto_resume")
+                    raise StopRun(f"saved; resume with: python mini/train.py --log_dir {self.cfg.log_dir} "
+                                  f"--run_name {self.run_dir.name} --auto_resume")
         finally:
-            self.scorer.close()
+            self.bar.close()
             for sig, h in handlers.items():
                 signal.signal(sig, h)
-        self.save_regular()
-        final = save_model(self.model, self.tok, self.run_dir.file("final"))
-        self.log(f"Done: final model in {final}")
 
     def on_signal(self, signum, frame):
-        self.stop_signal = signal.Signals(signum).name  # acted on at the end of the current step
+        """The first Ctrl-C (or SIGTERM) stops after the current step with a checkpoint; a second one quits at
+        once, which never damages a checkpoint (they are written to .tmp and renamed)."""
+        name = signal.Signals(signum).name
+        if self.stop_signal:
+            raise KeyboardInterrupt
+        self.stop_signal = name
+        print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
+              file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------------- state, resume, recovery
 
@@ -482,14 +530,27 @@ def reward_metrics(r):
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, changed = parse_args(argv), {}
     try:
-        Trainer(cfg).run()
-    except LoadError as e:
+        saved = RunDir(cfg.log_dir, cfg.run_name).saved_config() if cfg.auto_resume else None
+        if saved is not None:
+            cfg, changed = resume_config(cfg, given_flags(argv), saved)
+        Trainer(cfg).run(changed)
+    except (LoadError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except StopRun as e:
         print(e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume", file=sys.stderr)
+        return 130
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"error: disk full writing {e.filename or cfg.log_dir}; free some space, then continue with --auto_resume "
+              "(the last good checkpoint is kept)", file=sys.stderr)
         return 1
     return 0
 

@@ -1,0 +1,152 @@
+"""Flags: every bad value is one line and exit code 2 at parse time, the same checks in train.py, sft.py,
+evaluate.py and bench.py, --help with every default and only the script's own flags, and a fuzz test
+over random flag combinations (each one starts, or exits with one line).
+
+    python mini/test_config.py
+"""
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+import mini.bench as bench
+import mini.evaluate as evaluate
+import mini.sft as sft
+import mini.train as train
+from mini.config import Config, given_flags, parse_args
+from mini.test_formats import P_LINES
+from mini.test_train import tiny  # noqa: F401  (a fixture)
+
+BAD = [
+    (["--k_samples", "1"], "--k_samples 1 must be at least 2"),
+    (["--k_samples", "0"], "--k_samples 0 must be at least 2"),
+    (["--batch_size", "0"], "--batch_size 0 must be at least 1"),
+    (["--max_new_tokens", "0"], "--max_new_tokens 0 must be at least 1"),
+    (["--steps", "-5"], "--steps -5 must be at least 0"),
+    (["--temperature", "0"], "--temperature 0.0 must be above 0"),
+    (["--top_k", "-1"], "--top_k -1 must be at least 0"),
+    (["--lr", "nan"], "--lr nan is not a finite number"),
+    (["--mix_env_ratio", "1.5"], "--mix_env_ratio 1.5 must be between 0 and 1"),
+    (["--micro_batch_size", "100"], "--micro_batch_size 100 is larger than the batch of --batch_size x --k_samples = 64"),
+    (["--device", "cuda"], "sees no CUDA device; use --device cpu"),
+    (["--device", "gpu"], "--device 'gpu' must be auto, cpu, cuda or cuda:N"),
+    (["--data_file", "x.txt"], "--data_file is read only with --data_source file (not pool)"),
+    (["--data_source", "file"], "--data_source file needs --data_file PATH"),
+    (["--auto_resume"], "--auto_resume needs --run_name"),
+    (["--auto_resume", "--overwrite", "--run_name", "r"], "--auto_resume and --overwrite say different things"),
+    (["--run_name", "a/b"], "must be a plain name"),
+    (["--steps", "1.5"], "argument --steps: invalid int value: '1.5'"),
+    (["--loss_type", "ppo"], "argument --loss_type: invalid choice: 'ppo'"),
+    (["--k_sample", "4"], "unrecognized arguments: --k_sample 4"),  # no abbreviations
+]
+
+
+def one_line_exit(capsys, fn, argv):
+    """fn(argv) exits with code 2 and one line on stderr, no traceback; returns the line."""
+    with pytest.raises(SystemExit) as e:
+        fn(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_bad_flag_is_one_line(capsys, argv, message):
+    err = one_line_exit(capsys, train.main, argv)
+    assert ": error: " in err and message in err, err
+
+
+def test_the_same_checks_serve_every_script(capsys):
+    assert "--batch_size 0 must be at least 1" in one_line_exit(capsys, sft.main, ["--batch_size", "0"])
+    assert "--n_embd 100 must be a multiple of --n_head 3" in one_line_exit(capsys, sft.main, ["--n_embd", "100", "--n_head", "3"])
+    assert "--k_samples" in one_line_exit(capsys, sft.main, ["--k_samples", "4"])  # not an sft flag
+    for n in ("0", "-3"):
+        assert f"--n {n} must be at least 1" in one_line_exit(capsys, evaluate.main, ["--n", n, "--model_path", "x"])
+    assert "--max_new_tokens 0 must be at least 1" in one_line_exit(capsys, evaluate.main, ["--max_new_tokens", "0"])
+    assert "--steps 0 must be at least 1" in one_line_exit(capsys, bench.main, ["scoring", "--steps", "0"])
+    assert "sees no CUDA device" in one_line_exit(capsys, bench.main, ["--device", "cuda"])
+
+
+def test_the_command_line_prints_no_traceback():
+    run = subprocess.run([sys.executable, "mini/train.py", "--k_samples", "1"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr == "train.py: error: --k_samples 1 must be at least 2\n"
+
+
+def help_text(capsys, fn, argv=()):
+    with pytest.raises(SystemExit):
+        fn([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_help_shows_every_default_and_only_the_script_flags(capsys):
+    for fn, argv in ((train.main, ()), (sft.main, ()), (evaluate.main, ()), (bench.main, ("scoring",))):
+        text = help_text(capsys, fn, argv)
+        flags = re.split(r"\n(?=  -)", text.split("\noptions:\n")[1])  # one block per flag
+        no_default = [f.split()[0] for f in flags if "(default:" not in " ".join(f.split())]
+        assert len(flags) > 5 and set(no_default) <= {"-h,", "--model_path", "--compare"}, no_default
+    text = help_text(capsys, sft.main)
+    assert "Supervised warm start" in text and "--n_layer" in text and "--time_limit_min" in text
+    assert not any(f in text for f in ("--k_samples", "--clip_eps_low", "--kl_coef", "--kl_type"))
+    assert "\n  --n_layer" not in help_text(capsys, train.main)
+    assert "--bf16, --no_bf16" in text
+
+
+def test_given_flags():
+    assert given_flags(["--steps", "3", "--no_bf16", "--lr=1e-4", "--run_name", "--x"]) == {"steps", "bf16", "lr", "run_name"}
+
+
+# ----------------------------------------------------------------------------- fuzz
+
+def fuzz_argv(rng, data_file):
+    """A random command line: flags with good, edge and bad values."""
+    values = {
+        "--k_samples": ["0", "1", "2", "3", "-1", "x"], "--batch_size": ["0", "1", "2", "-2", "1.5"],
+        "--max_new_tokens": ["0", "1", "8", "-1"], "--temperature": ["0", "0.7", "-1", "inf", "1"],
+        "--top_k": ["-1", "0", "5"], "--micro_batch_size": ["0", "1", "3", "1000"], "--lr": ["0", "1e-5", "nan", "-1"],
+        "--mix_env_ratio": ["0", "0.5", "1", "1.01", "-0.1"], "--data_source": ["pool", "file", "generate", "web"],
+        "--data_file": [data_file, ""], "--device": ["cpu", "auto", "cuda", "cuda:3", "tpu"],
+        "--num_iterations": ["0", "1", "2"], "--clip_eps_low": ["0.2", "1.5", "-0.1"], "--kl_coef": ["0", "0.1", "-1"],
+        "--loss_type": ["grpo", "dapo", "dr_grpo", "ppo"], "--kl_type": ["k3", "forward", "js"],
+        "--eval_every": ["0", "-1"], "--eval_n": ["0", "1"], "--keep_last": ["-1", "0", "2"],
+        "--memory_fraction": ["0", "0.5", "2"], "--seed": ["0", "-1", "7", "99999999999"], "--gamma": ["0.9", "1.1"],
+        "--baseline_type": ["group_mean", "ema", "adaptive"], "--scale_rewards": ["group", "batch", "none", "all"],
+        "--warmup_steps": ["0", "-3", "2"], "--time_limit_min": ["0", "-1", "0.5"], "--score_workers": ["0", "-1"],
+        "--adam_beta1": ["0.9", "1", "2"], "--reward_shaping": ["continuous", "graduated"],
+    }
+    switches = ["--adaptive_kl", "--no_bf16", "--use_gae", "--grad_checkpointing", "--compile", "--auto_resume",
+                "--overwrite", "--recovery_mode"]
+    argv = []
+    for flag in rng.sample(sorted(values), rng.randint(0, 6)):
+        argv += [flag, rng.choice(values[flag])]
+    argv += rng.sample(switches, rng.randint(0, 2))
+    return argv
+
+
+def test_fuzz_every_command_line_starts_or_is_one_line(tiny, tmp_path, capsys):
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(P_LINES) + "\n")
+    rng, started, refused = random.Random(0), 0, 0
+    for case in range(300):
+        argv = fuzz_argv(rng, str(data))
+        try:
+            cfg = parse_args(argv)
+        except SystemExit as e:
+            err = capsys.readouterr().err
+            assert e.code == 2 and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+            refused += 1
+            continue
+        assert isinstance(cfg, Config)
+        if started < 12 and cfg.data_source != "generate" and not cfg.auto_resume and not cfg.recovery_mode:
+            # it starts: --steps 0 loads everything, saves the start and the final model
+            run = argv + ["--model_path", tiny, "--log_dir", str(tmp_path), "--run_name", f"f{case}", "--steps", "0",
+                          "--eval_every", "0"]
+            code = train.main(run)
+            assert code == 0, (run, capsys.readouterr().err)
+            started += 1
+    assert started == 12 and refused > 100
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

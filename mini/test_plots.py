@@ -1,0 +1,134 @@
+"""mini/plots.py: the panels of a run's figures (read from the matplotlib objects, not the pixels), runs
+overlaid, absent keys skipped, the rolling mean, and compare_bars on evaluate.compare's rows.
+
+    python mini/test_plots.py
+"""
+import json
+import sys
+
+import pytest
+
+import mini.evaluate as ev
+from mini.config import EVAL_PATH
+
+pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+from mini import plots  # noqa: E402  (after the skip: it needs matplotlib)
+
+
+def synthetic_rows(n=20, shift=0.0, evals=True):
+    """A run's metrics rows with every key the plots know, held-out ones every 5 steps."""
+    rows = []
+    for s in range(1, n + 1):
+        r = {"step": s, "reward_mean": 0.1 + 0.02 * s + shift, "reward_mean_P": 0.05 * s, "reward_mean_A": 0.2,
+             "format_valid_P": 0.9, "format_valid_A": 0.5, "kl": 0.001 * s, "kl_coef": 0.02, "entropy": 1.0,
+             "clip_frac": 0.01, "clip_low_frac": 0.004, "clip_high_frac": 0.006, "zero_var_share": 0.3,
+             "grad_norm": 0.5, "lr": 1e-5, "time_generate": 3.0, "time_ref_logprobs": 2.0, "time_score": 0.1,
+             "time_update": 8.0, "time_step": 13.2, "peak_mem_mb": 0.0}
+        if evals and s % 5 == 0:
+            r.update(eval_reward=0.3 + shift, eval_P_invalid=0.1, chess_mate_acc=0.02, chess_selfplay_plies=12.0)
+        rows.append(r)
+    return rows
+
+
+def titles(fig):
+    return [ax.get_title() for ax in fig.axes]
+
+
+def line_labels(ax):
+    return [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
+def test_rolling_mean():
+    assert plots.rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert plots.rolling_mean([2.0, 4.0], 1) == [2.0, 4.0]
+    assert plots.rolling_mean([], 3) == []
+
+
+def test_training_figure_panels_and_overlaid_runs():
+    runs = {"run-a": synthetic_rows(), "run-b": synthetic_rows(shift=0.1)}
+    fig = plots.training_figure(runs)
+    assert titles(fig) == ["reward, rolling mean of 2", "reward, P: task, rolling mean of 2",
+                           "reward, A: task, rolling mean of 2", "format validity", "KL to the start model",
+                           "KL coefficient", "entropy", "clipped tokens, equal-reward groups", "grad norm",
+                           "learning rate", "seconds per phase: run-a", "seconds per phase: run-b"]
+    assert [ax.get_ylabel() for ax in fig.axes[:10]] == [
+        "reward_mean (TRL reward)", "reward_mean_P", "reward_mean_A", "", "kl", "kl_coef", "entropy", "", "grad_norm",
+        "lr (TRL learning_rate)"]
+    for ax in fig.axes[:10]:  # a one-key panel draws that key's values (run-a's first line)
+        if ax.get_ylabel():
+            key = ax.get_ylabel().split()[0]
+            assert list(ax.get_lines()[0].get_ydata()) == plots.series(runs["run-a"], key)[1], key
+    reward = fig.axes[0]
+    assert line_labels(reward) == ["run-a", "run-b"] and reward.get_ylabel() == "reward_mean (TRL reward)"
+    assert reward.get_xlabel() == "step" and len(reward.get_lines()) == 4  # each run: values faint, rolling mean
+    bold = [line for line in reward.get_lines() if line.get_label() == "run-b"][0]
+    assert list(bold.get_xdata()) == list(range(1, 21))
+    assert bold.get_ydata()[1] == pytest.approx((0.22 + 0.24) / 2)  # the mean of steps 1 and 2 (0.1 + 0.02 s + 0.1)
+    assert line_labels(fig.axes[7]) == [f"run-{r}: {k}" for r in "ab"
+                                        for k in ("clip_frac", "clip_low_frac", "clip_high_frac", "zero_var_share")]
+    time_a = fig.axes[10]
+    assert [t.get_text() for t in time_a.get_legend().get_texts()] == plots.PHASES  # time_step is not stacked
+    assert len(time_a.collections) == 4
+
+
+def test_absent_keys_are_skipped_and_one_run_labels_by_key():
+    fig = plots.training_figure({"solo": [{"step": s, "kl": 0.1, "clip_frac": 0.0, "zero_var_share": 0.5}
+                                          for s in (1, 2)]})
+    assert titles(fig) == ["KL to the start model", "clipped tokens, equal-reward groups"]
+    assert line_labels(fig.axes[1]) == ["clip_frac (TRL clip_ratio/region_mean)",
+                                        "zero_var_share (TRL frac_reward_zero_std)"]
+    assert plots.training_figure({"solo": [{"step": 1, "peak_mem_mb": 1.0}]}) is None
+    assert plots.held_out_figure({"solo": synthetic_rows(evals=False)}, "eval_", "held-out") is None
+
+
+def test_float_noise_is_not_drawn_as_a_trend():
+    flat = [{"step": s, "reward_mean_A": -0.3 + 1e-8 * (s % 2), "kl": 0.001 * s} for s in range(1, 11)]
+    noise, trend = plots.training_figure({"solo": flat}).axes
+    assert noise.get_ylim() == pytest.approx((-0.315, -0.285))  # every completion invalid: a flat line at -0.3
+    assert trend.get_ylim()[1] - trend.get_ylim()[0] < 0.02     # a real change keeps matplotlib's own limits
+
+
+def test_held_out_figure_has_a_panel_per_metric():
+    runs = {"run-a": synthetic_rows(), "run-b": synthetic_rows(shift=0.1)}
+    fig = plots.held_out_figure(runs, "eval_", "held-out evaluation")
+    assert titles(fig) == ["eval_reward", "eval_P_invalid"]
+    assert line_labels(fig.axes[0]) == ["run-a", "run-b"]
+    assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([0.4] * 4)  # steps 5, 10, 15, 20
+    assert titles(plots.held_out_figure(runs, "chess_", "chess")) == ["chess_mate_acc", "chess_selfplay_plies"]
+
+
+def test_compare_bars(tmp_path):
+    # evaluate.compare's rows: (before, after, delta, low, high, n)
+    rows = {"eval_reward": (0.074, 0.278, 0.204, 0.164, 0.244, 400),
+            "eval_P_invalid": (0.16, 0.035, -0.125, -0.175, -0.08, 200),
+            "eval_P_best_acc_pv1": (0.005, 0.005, 0.0, 0.0, 0.0, 200)}
+    fig = plots.compare_bars(rows, str(tmp_path / "sub" / "compare.png"), title="before.json -> after.json")
+    assert (tmp_path / "sub" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert titles(fig) == list(rows)
+    for ax, (before, after, delta, lo, hi, n) in zip(fig.axes, rows.values()):
+        bars, errorbar = ax.containers
+        assert [b.get_height() for b in bars] == pytest.approx([before, after])
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["before", "after"]
+        (segment,) = errorbar.lines[2][0].get_segments()  # the vertical bar on "after": before + [low, high]
+        assert segment[:, 0] == pytest.approx([1, 1]) and segment[:, 1] == pytest.approx([before + lo, before + hi])
+        assert ax.get_xlabel().endswith(f", n={n}") and ("*" in ax.get_xlabel()) == (lo > 0 or hi < 0)
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plots.compare_bars({}, str(tmp_path / "empty.png"))
+
+
+def test_compare_bars_takes_evaluate_compare_rows(tmp_path):
+    samples = ev.held_out_samples(3)
+    reports = []
+    for name, completions in (("before", ["garbage"] * len(samples)), ("after", [s.completion for s in samples])):
+        rows = [{"task": s.task, "prompt": s.prompt, "completion": c} for s, c in zip(samples, completions)]
+        (tmp_path / name).write_text(json.dumps({"data": EVAL_PATH, "n_per_task": 3, "shaping": "continuous",
+                                                 "samples": rows}))
+        reports.append(str(tmp_path / name))
+    rows = ev.compare(*reports, n_boot=200)
+    fig = plots.compare_bars(rows, str(tmp_path / "compare.png"))
+    assert titles(fig) == list(rows) and "eval_reward" in rows
+    assert [b.get_height() for b in fig.axes[titles(fig).index("eval_reward")].containers[0]] == pytest.approx([-0.3, 1.0])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,120 @@
+"""mini/report.py: TRL's names, the scalars a dashboard gets, TensorBoard read back from its event file,
+the one-sentence error of a missing package, W&B offline where wandb is installed.
+
+    python mini/test_report.py
+"""
+import glob
+import math
+import os
+import sys
+
+import pytest
+
+from mini.report import TRL_NAMES, dashboard_scalars, make_reporter, markdown_table, trl_name
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+ROWS = [{"step": 1, "reward_mean": 0.25, "kl": 0.01, "best_P": 0.5, "eval_reward": 0.3, "note": "text", "x": None},
+        {"step": 2, "reward_mean": 0.5, "kl": 0.02, "best_P": 0.75, "entropy": float("nan")}]
+SAMPLES = [{"step": 2, "task": "P", "prompt": "P: 8/8/8/8/8/8/8/K1k5 w - - 0 1", "completion": "M: a1a2 | b\nB: a1a2",
+            "reward": 0.6}, {"step": 2, "task": "A", "prompt": "A: x", "completion": "y+0+0+0", "reward": -0.3}]
+
+
+def test_trl_names():
+    assert trl_name("reward_mean") == "reward" and trl_name("zero_var_share") == "frac_reward_zero_std"
+    assert trl_name("clip_low_frac") == "clip_ratio/low_mean" and trl_name("clip_frac") == "clip_ratio/region_mean"
+    assert trl_name("completion_len_mean") == "completions/mean_length"
+    assert trl_name("best_P") == "rewards/best_P/mean" and trl_name("fen_exact_A") == "rewards/fen_exact_A/mean"
+    for ours in ("reward_mean_P", "reward_std_A", "eval_reward_P", "chess_mate_acc", "time_update", "peak_mem_mb"):
+        assert trl_name(ours) is None, ours
+    assert len(set(TRL_NAMES.values())) == len(TRL_NAMES)  # one TRL name per quantity
+
+
+def test_readme_table_is_trl_names():
+    text = open(README, encoding="utf-8").read()
+    if "## Monitoring a run" not in text:
+        pytest.skip("README.md has no 'Monitoring a run' section yet")
+    for ours, trl in TRL_NAMES.items():
+        assert f"| `{ours}` | `{trl}` |" in text, ours
+
+
+def test_dashboard_scalars_group_and_skip():
+    got = dashboard_scalars(ROWS[0])
+    assert got == {"mini/reward_mean": 0.25, "train/reward": 0.25, "mini/kl": 0.01, "train/kl": 0.01,
+                   "mini/best_P": 0.5, "train/rewards/best_P/mean": 0.5, "eval/eval_reward": 0.3}
+    assert math.isnan(dashboard_scalars(ROWS[1])["train/entropy"])  # NaN is logged: the chart shows the break
+
+
+def test_markdown_table_keeps_a_completion_in_its_cell():
+    lines = markdown_table(SAMPLES).splitlines()
+    assert len(lines) == 4 and lines[0] == "| step | task | prompt | completion | reward |"
+    assert "M: a1a2 \\| b B: a1a2" in lines[2] and lines[2].endswith("| 0.600 |")
+
+
+def test_tensorboard_event_file(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    r = make_reporter("tensorboard", str(tmp_path), {"lr": 2e-5, "run_name": "t"})
+    assert list(tmp_path.iterdir()) == []  # nothing is written before the first step
+    for row in ROWS:
+        r.log(row["step"], row)
+    r.log_samples(2, SAMPLES)
+    r.close()
+    ea = EventAccumulator(str(tmp_path / "tensorboard"))
+    ea.Reload()
+    read = lambda tag: [(e.step, pytest.approx(e.value)) for e in ea.Scalars(tag)]
+    assert read("train/reward") == read("mini/reward_mean") == [(1, 0.25), (2, 0.5)]
+    assert read("train/kl") == [(1, 0.01), (2, 0.02)]
+    assert read("eval/eval_reward") == [(1, 0.3)]
+    assert not any("note" in t or t.endswith("/x") for t in ea.Tags()["scalars"])
+    text = ea.Tensors("completions/text_summary")[0]
+    assert text.step == 2 and "a1a2 \\| b" in text.tensor_proto.string_val[0].decode()
+
+
+def test_tensorboard_resume_drops_the_interrupted_steps(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    r = make_reporter("tensorboard", str(tmp_path), {})
+    for step in (1, 2, 3):
+        r.log(step, {"kl": float(step)})
+    r.close()
+    r = make_reporter("tensorboard", str(tmp_path), {})  # a run resumed from its step-1 checkpoint
+    for step in (2, 3):
+        r.log(step, {"kl": 10.0 * step})
+    r.close()
+    ea = EventAccumulator(str(tmp_path / "tensorboard"))
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("train/kl")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+@pytest.mark.parametrize("kind,module", [("tensorboard", "torch.utils.tensorboard"), ("wandb", "wandb")])
+def test_missing_package_is_one_sentence_at_construction(tmp_path, monkeypatch, kind, module):
+    monkeypatch.setitem(sys.modules, module, None)  # import now raises ModuleNotFoundError
+    with pytest.raises(ValueError) as e:
+        make_reporter(kind, str(tmp_path), {})
+    assert str(e.value) == f'--report_to {kind} needs the {kind} package: pip install -e ".[{kind}]"'
+
+
+def test_none_and_unknown_kind(tmp_path):
+    r = make_reporter("none", str(tmp_path), {})
+    r.log(1, ROWS[0])
+    r.log_samples(1, SAMPLES)
+    r.close()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="--report_to must be one of none, tensorboard, wandb, not 'mlflow'"):
+        make_reporter("mlflow", str(tmp_path), {})
+
+
+def test_wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is an optional extra, not in .[test]: pip install -e \".[wandb]\"")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    r = make_reporter("wandb", str(tmp_path), {"lr": 2e-5})
+    for row in ROWS:
+        r.log(row["step"], row)
+    r.log_samples(2, SAMPLES)
+    r.close()
+    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
