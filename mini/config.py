@@ -86,6 +86,12 @@ class Config:
     k_samples: int = opt(8, "completions sampled per prompt (the group size; a group of 1 has no baseline)",
                          check=at_least(2))
     num_iterations: int = opt(1, "PPO epochs over one rollout batch", check=at_least(1))
+    dynamic_sampling: bool = opt(False, "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample "
+                                 "more prompts until the step has --batch_size informative groups")
+    dynamic_sampling_min_std: float = opt(0.0, "with --dynamic_sampling, also drop groups whose reward std is at or "
+                                          "below this", check=at_least(0))
+    dynamic_sampling_max_rounds: int = opt(4, "with --dynamic_sampling, rollouts of --batch_size prompts per step at "
+                                           "most; then train on the informative groups found", check=at_least(1))
     micro_batch_size: int = opt(0, "completions per forward/backward pass (0: the whole batch)", check=at_least(0))
     clip_eps_low: float = opt(0.2, "PPO clip range below 1", check=between(0, 1))
     clip_eps_high: float = opt(0.2, "PPO clip range above 1 (larger: clip-higher)", check=at_least(0))

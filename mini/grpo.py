@@ -92,6 +92,13 @@ def group_advantages(rewards, k, scale_rewards="group", baseline=None, eps=1e-4)
     return adv.view(-1), stats
 
 
+def informative_groups(rewards, k, min_std=0.0):
+    """DAPO's dynamic-sampling filter: True for the groups that carry a signal, whose K rewards are not all
+    equal and whose (Bessel-corrected) std exceeds min_std. rewards (N,) -> (G,) bool."""
+    r = rewards.float().view(-1, k)  # (G, K)
+    return (r.amax(1) > r.amin(1)) & (r.std(1) > min_std)
+
+
 class RewardBaseline:
     """Per-row baseline b_i for group_advantages, by baseline_type:
       group_mean  the mean reward of the row's group (GRPO);

@@ -220,6 +220,39 @@ def test_a_rewarded_token_becomes_more_likely(tmp_path, monkeypatch):
     assert p_queen() > before + 0.1, (before, p_queen())  # ~0.24 -> ~0.46; a flipped sign drives it down
 
 
+def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, monkeypatch):
+    """Half the prompts score a constant: dynamic sampling drops their groups, fills the batch from more
+    rounds, and its loss is the loss of the same kept groups trained without it."""
+    constant = lambda sample: sum(map(ord, sample.prompt)) % 2 == 0
+    monkeypatch.setattr(reward_scorer, "score", lambda sample, completion, *a, **kw: (
+        0.5 if constant(sample) else scripted_reward(completion), REAL_SCORE(sample, completion, *a, **kw)[1]))
+    flags = args(tiny, tmp_path, "ds", 1, "--batch_size", "4", "--dynamic_sampling", "--dynamic_sampling_max_rounds", "6")
+    trainer, trained = train.Trainer(parse_args(flags)), []
+    prepare = trainer.prepare
+    monkeypatch.setattr(trainer, "prepare", lambda r: (trained.append(r), prepare(r)))
+    m = trainer.train_step()
+    r = trained[0]
+    assert m["ds_rounds"] >= 2 and m["ds_groups_kept"] == 4 and m["ds_groups_drawn"] == 4 * m["ds_rounds"]
+    assert m["zero_var_share"] == 0 and 0 < m["ds_zero_var_share_drawn"] < 1
+    assert len(r.samples) == 4 * 3 and not any(constant(s) for s in r.samples)
+    plain = train.Trainer(parse_args(args(tiny, tmp_path, "plain", 1, "--batch_size", "4")))
+    same = train.Rollout(list(r.samples), list(r.prompts), list(r.completions), list(r.texts), scores=list(r.scores))
+    plain.prepare(same)
+    same.rewards = torch.tensor([x for x, _ in same.scores])
+    stats = plain.update(same, *plain.advantages(same)[:2])
+    assert stats["loss"] == pytest.approx(m["loss"], abs=1e-7) and stats["loss"] != 0
+    for a, b in zip(trainer.model.parameters(), plain.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_informative_groups_by_hand():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])  # groups of 3: equal, varied, nearly
+    assert train.grpo.informative_groups(rewards, 3).tolist() == [False, True, False]
+    rewards[8] = 0.51  # std 0.0058
+    assert train.grpo.informative_groups(rewards, 3).tolist() == [False, True, True]
+    assert train.grpo.informative_groups(rewards, 3, min_std=0.01).tolist() == [False, True, False]
+
+
 STEPS = 6
 FULL_STATE = ("--adaptive_kl", "--baseline_type", "adaptive", "--use_gae")  # state beyond weights, optimizer and RNG
 NAN_CALL = 2  # the loss of step 2 is NaN: rolled back to the start (recovery.pt of step 0), lr_scale halved

@@ -135,15 +135,20 @@ class Trainer:
         """One GRPO step; returns its metrics row (None when a bad step was rolled back)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()  # peak_mem_mb is this step's
-        timer = PhaseTimer(self.cuda)
-        with timer("generate"):
-            r = self.rollout()
-        scoring = self.scorer.submit(r.samples, r.texts)  # in worker processes when score_workers > 0 ...
-        with timer("ref_logprobs"):
-            self.prepare(r)  # ... while the reference log-probs are computed here
-        with timer("score"):  # only the wait for scores that prepare() did not hide
-            r.scores = scoring()
-            r.rewards = torch.tensor([reward for reward, _ in r.scores], dtype=torch.float32)
+        timer, sampling = PhaseTimer(self.cuda), {}
+        if self.cfg.dynamic_sampling:
+            r, sampling = self.informative_rollout(timer)
+            with timer("ref_logprobs"):
+                self.prepare(r)
+        else:
+            with timer("generate"):
+                r = self.rollout()
+            scoring = self.scorer.submit(r.samples, r.texts)  # in worker processes when score_workers > 0 ...
+            with timer("ref_logprobs"):
+                self.prepare(r)  # ... while the reference log-probs are computed here
+            with timer("score"):  # only the wait for scores that prepare() did not hide
+                r.scores = scoring()
+        r.rewards = torch.tensor([reward for reward, _ in r.scores], dtype=torch.float32)
         with timer("update"):
             adv, returns, adv_stats = self.advantages(r)
             stats = self.update(r, adv, returns)
@@ -153,7 +158,7 @@ class Trainer:
         if self.cfg.adaptive_kl and "kl" in stats:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
-        m = {"step": self.step, **stats, **adv_stats, **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
+        m = {"step": self.step, **stats, **adv_stats, **sampling, **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
              "completion_tokens": sum(map(len, r.completions)),
              "completion_len_mean": sum(map(len, r.completions)) / len(r.completions),
              "completion_clipped_ratio": sum(len(c) >= self.cfg.max_new_tokens for c in r.completions) / len(r.completions),
@@ -176,6 +181,31 @@ class Trainer:
         for s in drawn:
             self.buffer.add_next(s)  # the position one move on: new positions for A: prompts
         return Rollout(samples, prompts, completions, [self.tok.decode(c) for c in completions])
+
+    def informative_rollout(self, timer):
+        """DAPO's dynamic sampling: rollouts of batch_size prompts, scored at once, keeping the groups whose
+        rewards differ (grpo.informative_groups), until batch_size groups are kept or max_rounds rollouts
+        were drawn. Returns the kept groups as one rollout (the first batch_size of them, in draw order; the
+        last rollout whole if none was kept, so the KL term still acts) and the sampling metrics."""
+        cfg, K = self.cfg, self.cfg.k_samples
+        kept, rounds, drawn, zero_var, last = [], 0, 0, 0, None
+        while len(kept) < cfg.batch_size and rounds < cfg.dynamic_sampling_max_rounds:
+            with timer("generate"):
+                last = self.rollout()
+            with timer("score"):
+                last.scores = self.scorer.submit(last.samples, last.texts)()
+            rewards = torch.tensor([reward for reward, _ in last.scores])
+            informative = grpo.informative_groups(rewards, K, cfg.dynamic_sampling_min_std).tolist()
+            kept += [(last, g) for g, keep in enumerate(informative) if keep]
+            rounds, drawn = rounds + 1, drawn + len(informative)
+            zero_var += int((~grpo.informative_groups(rewards, K)).sum())
+        n_kept = min(len(kept), cfg.batch_size)
+        kept = kept[:cfg.batch_size] or [(last, g) for g in range(cfg.batch_size)]
+        rows = [(r, i) for r, g in kept for i in range(g * K, (g + 1) * K)]
+        r = Rollout(*([getattr(r, f)[i] for r, i in rows] for f in ("samples", "prompts", "completions", "texts")),
+                    scores=[r.scores[i] for r, i in rows])
+        return r, {"ds_rounds": rounds, "ds_groups_drawn": drawn, "ds_groups_kept": n_kept,
+                   "ds_zero_var_share_drawn": zero_var / drawn}
 
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
@@ -483,7 +513,7 @@ grpo_loss = grpo.grpo_loss  # a module-level name, so tests can inject a failing
 
 
 class PhaseTimer:
-    """Seconds per named phase of a step (CUDA work is waited for at the end of each phase)."""
+    """Seconds per named phase of a step, summed over its repeats (CUDA work is waited for at the end of each phase)."""
 
     def __init__(self, cuda):
         self.cuda, self.times, self.t0 = cuda, {}, time.perf_counter()
@@ -494,7 +524,7 @@ class PhaseTimer:
         yield
         if self.cuda:
             torch.cuda.synchronize()
-        self.times[name] = time.perf_counter() - t
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t  # phases may repeat (dynamic sampling)
 
     def seconds(self):
         return {**{f"time_{k}": v for k, v in self.times.items()}, "time_step": time.perf_counter() - self.t0}
