@@ -218,10 +218,13 @@ def opening_board(name):
     return board
 
 
+def game_start(i):
+    """Game i's start: even-numbered games from the initial position, odd ones from the openings in turn."""
+    return "initial" if i % 2 == 0 else list(OPENINGS)[(i // 2) % len(OPENINGS)]
+
+
 def game_starts(n):
-    """Even-numbered games from the initial position, odd ones from the openings in turn."""
-    names = list(OPENINGS)
-    return ["initial" if i % 2 == 0 else names[(i // 2) % len(names)] for i in range(n)]
+    return [game_start(i) for i in range(n)]
 
 
 def policy_turn(board, text, game, max_plies):
@@ -244,18 +247,23 @@ def policy_turn(board, text, game, max_plies):
         game["end"] = "max_plies"
 
 
+def half_move(player, boards, games, max_plies):
+    """One player call for every live game (end None): each plays its move (policy_turn). Shared by
+    self_play and mini/selfplay.py's training games."""
+    live = [i for i, g in enumerate(games) if g["end"] is None]
+    completions = player([policy_prompt(boards[i].fen()) for i in live])
+    for i, text in zip(live, completions, strict=True):
+        policy_turn(boards[i], text, games[i], max_plies)
+
+
 def self_play(player, starts, max_plies=200):
     """Games of the player against itself from the named starts; each half-move is one player call for
     all live games. Returns one dict per game: start, plies (legal half-moves played), end, moves, transitions."""
     boards = [opening_board(s) for s in starts]
     games = [{"start": s, "plies": 0, "end": None, "transitions": []} for s in starts]
-    live = list(range(len(games)))
     with tqdm(desc="self-play", unit="half-move", total=max_plies, disable=len(games) < 8) as bar:
-        while live:
-            completions = player([policy_prompt(boards[i].fen()) for i in live])
-            for i, text in zip(live, completions, strict=True):
-                policy_turn(boards[i], text, games[i], max_plies)
-            live = [i for i in live if games[i]["end"] is None]
+        while any(g["end"] is None for g in games):
+            half_move(player, boards, games, max_plies)
             bar.update()
     for g, b in zip(games, boards):
         g["moves"] = [m.uci() for m in b.move_stack]

@@ -63,14 +63,24 @@ class Config:
     # tasks and data
     mix_env_ratio: float = opt(0.2, "probability that a prompt is an A: (environment) task instead of P:",
                                check=between(0, 1), scripts=BOTH)
-    data_source: str = opt("pool", "where training positions come from", ["pool", "file", "generate"], scripts=BOTH)
+    data_source: str = opt("pool", "where training positions come from (selfplay: games of the current policy, labelled "
+                           "by Stockfish in the background, mixed with the pool by --selfplay_mix; train.py only)",
+                           ["pool", "file", "generate", "selfplay"], scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
                          "with --data_source file", scripts=BOTH)
     skip_bad_lines: bool = opt(True, "skip malformed data lines, reported as file:line, up to 100 (else stop at the "
                                "first one)", scripts=BOTH)
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)", scripts=BOTH)
-    stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions (--data_source generate)",
+    stockfish_depth: int = opt(10, "Stockfish search depth for annotating positions (--data_source generate, selfplay)",
                                check=at_least(1), scripts=BOTH)
+    selfplay_games: int = opt(16, "self-play games played at once, one batched call per half-move", check=at_least(1))
+    selfplay_plies: int = opt(8, "half-moves each self-play game advances per refresh", check=at_least(1))
+    selfplay_refresh: int = opt(10, "steps between self-play refreshes with the current weights", check=at_least(1))
+    selfplay_mix: float = opt(0.5, "share of prompts from self-play; the rest from the shipped pool", check=between(0, 1))
+    selfplay_temperature: float = opt(1.0, "sampling temperature of self-play moves", check=POSITIVE)
+    selfplay_top_k: int = opt(0, "top-k of self-play moves (0: off)", check=at_least(0))
+    annotate_workers: int = opt(2, "Stockfish processes labelling self-play positions in the background",
+                                check=at_least(1))
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
     score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)",
                              check=at_least(0))
@@ -162,7 +172,7 @@ FIELDS = {f.name: f for f in fields(Config)}
 RESUMABLE = frozenset({
     "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
     "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
-    "stockfish_path", "engine_cache", "report_to", "memory_fraction", "log_dir", "run_name", "auto_resume",
+    "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name", "auto_resume",
     "recovery_mode", "resume_from_checkpoint", "overwrite"})
 
 
@@ -196,7 +206,7 @@ def problems(values, checks=None):
     v = values.get
     if v("device"):
         out.append(device_problem(v("device")))
-    if v("data_file") and v("data_source") in ("pool", "generate"):
+    if v("data_file") and v("data_source") in ("pool", "generate", "selfplay"):
         out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
     if v("data_source") == "file" and not v("data_file"):
         out.append("--data_source file needs --data_file PATH")

@@ -133,7 +133,7 @@ def load_samples(cfg):
     """Samples of the configured source: the shipped pool, a RookWorld text file or a JSONL file of annotated
     positions like the pool, or fresh positions
     annotated with Stockfish (one per training prompt)."""
-    if cfg.data_source == "pool":
+    if cfg.data_source in ("pool", "selfplay"):  # selfplay mixes its positions with the pool's (mini/selfplay.py)
         return load_jsonl(POOL_PATH)
     if cfg.data_source == "file":
         if not cfg.data_file:

@@ -130,6 +130,9 @@ def main(argv=None):
 
 
 def train_sft(cfg, run):
+    if cfg.data_source == "selfplay":
+        raise ValueError("--data_source selfplay is train.py's (games of the policy being trained); sft.py takes "
+                         "pool, file or generate")
     reporter = make_reporter(cfg.report_to, run.path, dataclasses.asdict(cfg))
     device = resolve_device(cfg.device)
     random.seed(cfg.seed)

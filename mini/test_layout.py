@@ -16,7 +16,7 @@ LAYERS = [
     "formats", "positions", "annotate", "dataset",  # RookWorld text, positions, Stockfish labels, prompt sources
     "reward_scorer", "grpo",               # rewards; the objective as tensor functions
     "runs", "report", "plots",             # run directories; their dashboards (TRL's names) and PNGs
-    "evaluate", "chess_eval",              # held-out metrics; chess skill
+    "evaluate", "chess_eval", "selfplay",  # held-out metrics; chess skill; on-policy training positions
     "train",                               # the GRPO loop
     "sft", "bench", "mutants",             # scripts
 ]

@@ -36,6 +36,7 @@ from mini.runs import RunDir, RunError, load_checkpoint, resume_config
 from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
                           set_rng_state)
 from mini.sampler import generate
+from mini.selfplay import SelfPlaySource
 
 MAX_RECOVERIES = 3
 
@@ -123,6 +124,17 @@ class Trainer:
             self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
         except FileNotFoundError as e:  # --p_reward engine without Stockfish: says how to install it
             raise StopRun(f"error: {e}") from None
+        self.source = None  # --data_source selfplay: positions from the policy's own games
+        if cfg.data_source == "selfplay":
+            try:
+                self.source = SelfPlaySource(
+                    self.tok, self.sampler, games=cfg.selfplay_games, plies=cfg.selfplay_plies,
+                    temperature=cfg.selfplay_temperature, top_k=cfg.selfplay_top_k, max_new_tokens=cfg.max_new_tokens,
+                    mix=cfg.selfplay_mix, env_ratio=cfg.mix_env_ratio, depth=cfg.stockfish_depth,
+                    workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed)
+            except FileNotFoundError as e:  # no Stockfish: says how to install it
+                self.scorer.close()
+                raise StopRun(f"error: {e}") from None
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
         self.stop_signal, self.bar = None, None
 
@@ -136,6 +148,9 @@ class Trainer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()  # peak_mem_mb is this step's
         timer, sampling = PhaseTimer(self.cuda), {}
+        if self.source is not None and self.step % self.cfg.selfplay_refresh == 0:
+            with timer("selfplay"):
+                self.source.refresh(self.model, self.autocast())
         if self.cfg.dynamic_sampling:
             r, sampling = self.informative_rollout(timer)
             with timer("ref_logprobs"):
@@ -158,7 +173,8 @@ class Trainer:
         if self.cfg.adaptive_kl and "kl" in stats:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
-        m = {"step": self.step, **stats, **adv_stats, **sampling, **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
+        m = {"step": self.step, **stats, **adv_stats, **sampling, **(self.source.metrics if self.source else {}),
+             **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
              "completion_tokens": sum(map(len, r.completions)),
              "completion_len_mean": sum(map(len, r.completions)) / len(r.completions),
              "completion_clipped_ratio": sum(len(c) >= self.cfg.max_new_tokens for c in r.completions) / len(r.completions),
@@ -170,7 +186,7 @@ class Trainer:
     def rollout(self):
         """Sample K completions for each of batch_size prompts."""
         cfg, K = self.cfg, self.cfg.k_samples
-        drawn = self.sampler.draw(cfg.batch_size)
+        drawn = (self.source or self.sampler).draw(cfg.batch_size)
         samples = [s for s in drawn for _ in range(K)]  # groups contiguous
         prompts = [self.tok.encode(s.prompt) for s in samples]
         self.model.eval()
@@ -359,6 +375,8 @@ class Trainer:
         finally:
             self.scorer.close()
             self.reporter.close()
+            if self.source is not None:
+                self.source.close()
             self.run_dir.release()
 
     def loop(self):
@@ -404,6 +422,7 @@ class Trainer:
                 "value_head": self.value_head.state_dict() if self.value_head is not None else None,
                 "kl_ctl": self.kl_ctl.state_dict(), "baseline": self.baseline.state_dict(),
                 "sampler_rng": self.sampler.rng.getstate(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+                "selfplay": self.source.state_dict() if self.source is not None else None,
                 "rng": rng_state(), "step": self.step, "best_eval": self.best_eval, "best_reward": self.best_reward,
                 "run_name": self.run_dir.name, "config": dataclasses.asdict(self.cfg)}
 
@@ -418,6 +437,8 @@ class Trainer:
         self.sampler.rng.setstate(s["sampler_rng"])
         self.buffer.items, buffer_rng = s["buffer"]
         self.buffer.rng.setstate(buffer_rng)
+        if self.source is not None:
+            self.source.load_state_dict(s["selfplay"])
         set_rng_state(s["rng"])
         self.step, self.best_eval, self.best_reward = s["step"], s["best_eval"], s["best_reward"]
 
@@ -469,7 +490,8 @@ class Trainer:
 
     def probe_peak_memory(self, batch_size):
         """Peak CUDA bytes of one full step at this batch size without changing any state (None: OOM)."""
-        saved = (rng_state(), self.sampler.rng.getstate(), dict(self.buffer.items), self.baseline.state_dict())
+        saved = (rng_state(), self.sampler.rng.getstate(), dict(self.buffer.items), self.baseline.state_dict(),
+                 self.source.state_dict() if self.source is not None else None)
         self.cfg.batch_size = batch_size
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -487,6 +509,8 @@ class Trainer:
         self.sampler.rng.setstate(saved[1])
         self.buffer.items = saved[2]
         self.baseline.load_state_dict(saved[3])
+        if self.source is not None:
+            self.source.load_state_dict(saved[4])
         return peak
 
     def choose_batch_size(self):

@@ -1,0 +1,187 @@
+"""Self-play positions (mini/selfplay.py): scripted policies give known games, the Stockfish cache is reused
+and survives a cut-off line, held-out positions stay out, a restored source continues exactly.
+
+    python mini/test_selfplay.py
+"""
+import json
+import random
+import sys
+
+import chess
+import pytest
+import torch
+
+import mini.chess_eval as ce
+from mini.annotate import find_stockfish
+from mini.config import EVAL_PATH, POOL_PATH
+from mini.dataset import TaskSampler, load_jsonl
+from mini.formats import env_sample, legal_ucis, position_key
+from mini.model import GPT, GPTConfig
+from mini.selfplay import SelfPlaySource
+from mini.tokenizer import Tokenizer
+
+try:
+    STOCKFISH = find_stockfish()
+except FileNotFoundError:
+    STOCKFISH = None
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="Stockfish binary not found (apt-get install stockfish)")
+RULES = {"first": lambda ms: ms[0], "last": lambda ms: ms[-1]}
+
+
+def by_model(model, seed, autocast=None):
+    """A scripted player per 'model': first or last legal move in sorted UCI order, or a seeded random one."""
+    rule = RULES.get(model) or random.Random(seed).choice
+    return lambda prompts: [f" M: a1a2 E: 0.0 B: {rule(sorted(legal_ucis(p[3:].strip())))}" for p in prompts]
+
+
+def source(tmp_path, pool=None, **kw):
+    kw = dict(games=3, plies=4, depth=4, workers=1, cache_path=str(tmp_path / "sf.jsonl"), player=by_model, seed=0) | kw
+    return SelfPlaySource(None, pool, **kw)
+
+
+def line(start, rule, n):
+    """FENs before each of n moves by rule from a named start."""
+    board, out = ce.opening_board(start), []
+    for _ in range(n):
+        out.append(board.fen())
+        board.push_uci(rule(sorted(legal_ucis(board.fen()))))
+    return out
+
+
+def played_by(transitions, rule):
+    return all(move == rule(sorted(legal_ucis(fen))) for fen, move, _ in transitions)
+
+
+@needs_stockfish
+def test_positions_follow_the_current_policy(tmp_path):
+    with source(tmp_path, max_plies=6) as src:
+        src.refresh("first")
+        p = src.draw(1)[0]  # nothing labelled yet: waits for Stockfish
+        # games start initial, ruy_lopez, initial; the third repeats the first, so it adds nothing
+        a, b = line("initial", RULES["first"], 4), line("ruy_lopez", RULES["first"], 4)
+        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f in pair]
+        assert p.task == "P" and position_key(p.fen) in src.positions
+        for fen, history, moves, evals in src.positions.values():
+            assert len(moves) == len(evals) == 5 and set(moves) <= legal_ucis(fen)  # MultiPV 5, all legal
+            assert not chess.Board(fen).is_game_over()
+        assert len(src.moves) == 8 and played_by(src.moves.values(), RULES["first"])
+        assert all(env_sample(*t).truncated == 0 for t in src.moves.values())  # legal moves
+        before = set(src.moves)
+        src.refresh("last")  # new weights: the same games go on with the other policy
+        new = [t for k, t in src.moves.items() if k not in before]
+        assert new and played_by(new, RULES["last"])
+        # 6 plies reached after 2 more: every game restarted from the next starts, then played 2 plies
+        assert [g["start"] for g in src.games] == ce.game_starts(6)[3:] and [g["plies"] for g in src.games] == [2, 2, 2]
+        assert src.pending and all(position_key(f) not in src.positions for f, _ in src.pending)
+        keys = [position_key(f) for f, _ in src.pending]
+        assert len(keys) == len(set(keys))
+
+
+@needs_stockfish
+def test_windows_keep_the_newest(tmp_path):
+    with source(tmp_path, capacity=4) as src:
+        src.refresh("first")
+        src.draw(1)
+        a, b = line("initial", RULES["first"], 4), line("ruy_lopez", RULES["first"], 4)
+        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f in pair][-4:]
+        assert [f for f, _, _ in src.moves.values()] == [f for pair in zip(a, b) for f in pair][-4:]
+
+
+@needs_stockfish
+def test_cache_reused_and_survives_a_cut_off_line(tmp_path):
+    with source(tmp_path) as first:
+        first.refresh("first")
+        drawn = [s.completion for s in first.draw(6)]
+        assert first.metrics["selfplay_searched"] > 0
+    cache = tmp_path / "sf.jsonl"
+    with open(cache, "a") as f:
+        f.write('{"fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "limit": "dep')  # a kill mid-line
+    with source(tmp_path) as second:
+        search = second.ann._analyse
+        second.ann._analyse = lambda fen: pytest.fail(f"searched {fen} again")
+        second.refresh("first")
+        assert second.metrics["selfplay_searched"] == 0
+        assert [s.completion for s in second.draw(6)] == drawn
+        second.ann._analyse = search
+        second.refresh("last")  # new positions are searched and appended after the cut-off line
+        second.draw(1)
+        assert second.metrics["selfplay_searched"] > 0
+        fens = [f for f, _ in second.pending]
+        second._promote()
+    with source(tmp_path) as third:
+        assert set(fens) <= set(third.ann.cache)
+    lines = cache.read_text().splitlines()
+    assert sum(1 for x in lines if not x.endswith("}")) == 1  # only the cut-off line is bad, and it is ended
+
+
+@needs_stockfish
+def test_held_out_positions_never_enter(tmp_path):
+    banned = line("initial", RULES["first"], 3)[2]  # met by game 0 at ply 2
+    with source(tmp_path, exclude=[banned], plies=5) as src:
+        src.refresh("first")
+        src.refresh("first")
+        samples = src.draw(200)
+        key = position_key(banned)
+        assert key not in src.positions and key not in {position_key(f) for f, _ in src.pending}
+        assert all(key not in (position_key(s.fen), position_key(s.next_fen or s.fen)) for s in samples)
+        assert {s.task for s in samples} == {"P", "A"}
+        # the A: move that leads there is out too (its completion shows the position)
+        assert all(key != position_key(env_sample(*t).next_fen) for t in src.moves.values())
+        shipped = [json.loads(x)["fen"] for x in open(EVAL_PATH) if '"fen"' in x] + [r["fen"] for r in ce.load_mates()]
+        assert {position_key(f) for f in shipped} <= src.held_out
+
+
+@needs_stockfish
+def test_state_dict_resumes_exactly(tmp_path):
+    pool_samples = load_jsonl(POOL_PATH)[:50]
+    pool = TaskSampler(pool_samples, 0.2, seed=1)
+    with source(tmp_path, pool, mix=0.6, plies=3, seed=5) as a:
+        a.refresh("random")
+        a.draw(10)
+        a.refresh("random")  # leaves positions waiting for Stockfish: the state must carry them
+        a.draw(5)
+        assert a.pending
+        torch.save({"selfplay": a.state_dict(), "pool_rng": pool.rng.getstate()}, tmp_path / "ckpt.pt")
+        saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+        pool_b = TaskSampler(pool_samples, 0.2, seed=99)
+        pool_b.rng.setstate(saved["pool_rng"])
+        with source(tmp_path, pool_b, mix=0.6, plies=3, seed=5) as b:
+            b.load_state_dict(saved["selfplay"])
+            for src in (a, b):
+                src.out = [src.draw(12), src.refresh("random"), src.draw(12), src.refresh("random"), src.draw(40)]
+            texts = [[(s.prompt, s.completion) for s in part] for part in a.out if part]
+            assert texts == [[(s.prompt, s.completion) for s in part] for part in b.out if part]
+            assert a.state_dict() == b.state_dict()
+        pool_prompts = {s.prompt for s in pool_samples}
+        drawn = [s for part in a.out if part for s in part]
+        assert 0 < sum(s.prompt in pool_prompts for s in drawn) < len(drawn)  # mixed
+
+
+@needs_stockfish
+def test_mix_and_draw_before_refresh(tmp_path):
+    pool = TaskSampler(load_jsonl(POOL_PATH)[:20], 0.0, seed=0)
+    with source(tmp_path, pool, mix=0.0) as src:
+        src.refresh("first")
+        assert {s.prompt for s in src.draw(20)} <= {s.prompt for s in pool.policy}  # mix 0: the pool only
+    with source(tmp_path) as src, pytest.raises(ValueError, match="call refresh"):
+        src.draw(1)
+
+
+@needs_stockfish
+def test_tiny_model_plays_through_model_player(tmp_path):
+    torch.manual_seed(0)
+    model, tok = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=32, n_positions=256)), Tokenizer.gpt2()
+    with SelfPlaySource(tok, games=2, plies=2, max_new_tokens=8, depth=4, cache_path=str(tmp_path / "c.jsonl")) as src:
+        src.refresh(model)
+        assert all(s.task == "P" for s in src.draw(3))
+        assert src.started > 2  # a random model answers nothing parseable: every game ends and restarts
+
+
+def test_no_stockfish_is_one_sentence(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^Stockfish not found .*apt-get install stockfish") as e:
+        source(tmp_path, stockfish_path="/nonexistent/stockfish")
+    assert "\n" not in str(e.value) and str(e.value).count(". ") == 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
