@@ -136,6 +136,7 @@ class Annotator:
         self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0
         self._read_move_cache()
         self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
+        self.driver = None  # the background thread of submit(), started on first use
 
     def _start(self):
         engine = chess.engine.SimpleEngine.popen_uci(self.path)
@@ -283,6 +284,16 @@ class Annotator:
                 bar.update()
         return {f: self.cache[f] for f in fens}
 
+    def submit(self, fens):
+        """annotate(fens) in a background thread, in chunks of 8 per worker: one future per FEN, whose result is
+        the {fen: label} of its chunk. Chunks, so that close() waits for one chunk, not the whole list; a
+        thread suffices because the search runs in the engines' own processes."""
+        if self.driver is None:
+            self.driver = ThreadPoolExecutor(1, thread_name_prefix="annotate")
+        n = 8 * self.workers
+        chunks = [self.driver.submit(self.annotate, fens[i:i + n]) for i in range(0, len(fens), n)]
+        return [chunks[i // n] for i in range(len(fens))]
+
     def version(self):
         engine = self.idle.get()
         try:
@@ -292,6 +303,8 @@ class Annotator:
             self.idle.put(engine)
 
     def close(self):
+        if self.driver is not None:
+            self.driver.shutdown(wait=True, cancel_futures=True)  # the chunk being searched finishes (and is cached)
         while not self.idle.empty():
             _close(self.idle.get())
 

@@ -59,14 +59,14 @@ import torch
 from huggingface_hub.utils import tqdm
 
 from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
-from mini.config import DATA_DIR, EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least, between
+from mini.config import EVAL_PATH, MATE_PATH, Config, Parser, Switch, at_least, between
+from mini.dataset import shipped_keys
 from mini.evaluate import complete_texts, paired_bootstrap
 from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.loader import LoadError, load_model
 from mini.positions import play
 from mini.runtime import autocast, resolve_device
 
-MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
               "threefold_repetition", "fifty_moves")
 # well-known openings in UCI, played from the initial position so that games have a history
@@ -148,15 +148,6 @@ def build_mates(n, seed=0, max_plies=200, per_game=2, exclude=()):
                     out.append(r)
                     bar.update()
     return out
-
-
-def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
-    """position_key of every position in the shipped pool and eval set."""
-    keys = set()
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            keys |= {position_key(r["fen"]) for r in map(json.loads, f) if "fen" in r}
-    return keys
 
 
 def write_mates(path, records, meta):

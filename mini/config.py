@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
+MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")  # held-out mate-in-one positions (mini/chess_eval.py)
 # Stockfish evals after a move (--p_reward engine), shared across runs
 ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
 
@@ -63,8 +64,9 @@ class Config:
     # tasks and data
     mix_env_ratio: float = opt(0.2, "probability that a prompt is an A: (environment) task instead of P:",
                                check=between(0, 1), scripts=BOTH)
-    data_source: str = opt("pool", "where training positions come from (selfplay: games of the current policy, labelled "
-                           "by Stockfish in the background, mixed with the pool by --selfplay_mix; train.py only)",
+    data_source: str = opt("pool", "where training positions come from (generate: fresh positions labelled by Stockfish "
+                           "in the background as they are needed; selfplay: games of the current policy, labelled "
+                           "the same way, mixed with the pool by --selfplay_mix; train.py only)",
                            ["pool", "file", "generate", "selfplay"], scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
                          "with --data_source file", scripts=BOTH)
@@ -79,8 +81,8 @@ class Config:
     selfplay_mix: float = opt(0.5, "share of prompts from self-play; the rest from the shipped pool", check=between(0, 1))
     selfplay_temperature: float = opt(1.0, "sampling temperature of self-play moves", check=POSITIVE)
     selfplay_top_k: int = opt(0, "top-k of self-play moves (0: off)", check=at_least(0))
-    annotate_workers: int = opt(2, "Stockfish processes labelling self-play positions in the background",
-                                check=at_least(1))
+    annotate_workers: int = opt(2, "Stockfish processes labelling positions in the background (--data_source "
+                                "generate, selfplay)", check=at_least(1), scripts=BOTH)
     reward_shaping: str = opt("continuous", "keep the raw reward or quantise it to 0.2 steps", ["continuous", "graduated"])
     score_workers: int = opt(0, "processes that score a rollout while the GPU computes reference log-probs (0: inline)",
                              check=at_least(0))

@@ -1,19 +1,20 @@
 """
 Where training prompts come from: the shipped pool of annotated positions, RookWorld text files,
-freshly generated positions annotated by Stockfish, and a replay buffer of positions met in training;
-TaskSampler mixes P: and A: prompts from them.
+freshly generated positions annotated by Stockfish as they are needed, and a replay buffer of positions met
+in training. TaskSampler mixes P: and A: prompts from a fixed set of samples, StreamSampler from the
+generated stream; both draw(n) and keep their state in state_dict().
 """
 import json
 import random
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import chess
 
 from mini.annotate import Annotator
-from mini.config import POOL_PATH
+from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
 from mini.formats import parse_line, policy_sample, position_key
-from mini.positions import generate_positions, random_env_sample
+from mini.positions import iter_positions, random_env_sample
 
 
 MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld data: stop
@@ -63,6 +64,20 @@ def load_jsonl(path, skip_bad_lines=True):
     """Annotated positions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> P: samples."""
     records, _ = read_records(path, annotated_sample, skip_bad_lines)
     return [s for s in records if s is not None]
+
+
+def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
+    """position_key of every position in the given shipped files (by default the pool and the eval set)."""
+    keys = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            keys |= {position_key(r["fen"]) for r in map(json.loads, f) if "fen" in r}
+    return keys
+
+
+def held_out_keys():
+    """Positions no training prompt may show: the eval set and the mate-in-one test set."""
+    return shipped_keys((EVAL_PATH, MATE_PATH))
 
 
 class ReplayBuffer:
@@ -128,20 +143,94 @@ class TaskSampler:
                 out.append(random_env_sample(fen, history, self.rng))
         return out
 
+    def state_dict(self):
+        return {"rng": self.rng.getstate()}
 
-def load_samples(cfg):
-    """Samples of the configured source: the shipped pool, a RookWorld text file or a JSONL file of annotated
-    positions like the pool, or fresh positions
-    annotated with Stockfish (one per training prompt)."""
-    if cfg.data_source in ("pool", "selfplay"):  # selfplay mixes its positions with the pool's (mini/selfplay.py)
-        return load_jsonl(POOL_PATH)
+    def load_state_dict(self, s):
+        self.rng.setstate(s["rng"])
+
+    def close(self):
+        """Nothing to release: the samples are in memory (StreamSampler has engines to stop)."""
+
+
+class StreamSampler:
+    """--data_source generate: an endless stream of fresh positions (positions.iter_positions, the eval and
+    mate-in-one positions left out), each the P: prompt of one training prompt, labelled by Stockfish in the
+    background up to `ahead` positions before it is needed (Annotator.submit, with the annotator's disk cache). So a
+    run pays for the positions it uses as it goes, not for steps x batch_size of them before the first step.
+    A: prompts (share env_ratio) are python-chess transitions (random_env_sample) on a position drawn before or,
+    half the time, on one of the replay buffer's. Deterministic: which prompt is which depends on the RNG and
+    the stream only, never on Stockfish's speed. state_dict() holds the RNG, the stream offset and the recent
+    positions; load_state_dict replays the stream to the offset (~10 ms a position, labels from the cache)."""
+
+    def __init__(self, annotator, env_ratio=0.2, seed=0, buffer=None, ahead=64, capacity=1024):
+        self.ann, self.env_ratio, self.seed, self.buffer, self.ahead = annotator, env_ratio, seed, buffer, ahead
+        self.held_out, self.rng, self.recent = held_out_keys(), random.Random(seed), deque(maxlen=capacity)
+        self._seek(0)
+
+    def _seek(self, taken):
+        """Restart the stream at its `taken`-th position; nothing is labelled ahead yet."""
+        self.stream = (p[:2] for p in iter_positions(self.seed) if position_key(p[0]) not in self.held_out)
+        self.taken, self.queue = taken, deque()  # queue: (fen, history, future of its label) in stream order
+        for _ in range(taken):
+            next(self.stream)
+
+    def _next_policy(self):
+        if len(self.queue) <= self.ahead // 2:  # top the labelled-ahead window up, in chunks Stockfish can share out
+            new = [next(self.stream) for _ in range(self.ahead - len(self.queue))]
+            self.queue.extend((fen, h, future) for (fen, h), future in zip(new, self.ann.submit([f for f, _ in new])))
+        fen, history, future = self.queue.popleft()
+        self.taken += 1
+        self.recent.append((fen, history))
+        return policy_sample(fen, *future.result()[fen], history=history)  # waits only if Stockfish is behind
+
+    def draw(self, n):
+        out = []
+        for _ in range(n):
+            if self.recent and self.rng.random() < self.env_ratio:
+                if self.buffer is not None and len(self.buffer) and self.rng.random() < 0.5:
+                    fen, history = self.buffer.sample(1)[0]
+                else:
+                    fen, history = self.rng.choice(self.recent)
+                out.append(random_env_sample(fen, history, self.rng))
+            else:
+                out.append(self._next_policy())
+        return out
+
+    def state_dict(self):
+        """Plain types only (checkpoints load with torch.load(weights_only=True))."""
+        return {"rng": self.rng.getstate(), "taken": self.taken, "recent": [list(p) for p in self.recent]}
+
+    def load_state_dict(self, s):
+        self.rng.setstate(s["rng"])
+        self.recent = deque((tuple(p) for p in s["recent"]), maxlen=self.recent.maxlen)
+        if s["taken"] != self.taken:  # else the stream and the labels queued ahead are already where they belong
+            self._seek(s["taken"])
+
+    def close(self):
+        self.ann.close()
+
+
+def make_sampler(cfg, buffer=None):
+    """The prompt sampler of the configured source: the shipped pool (also what selfplay mixes its own
+    positions with, mini/selfplay.py), a RookWorld text file or a JSONL file of annotated positions like the
+    pool, or (generate) fresh positions labelled by Stockfish as they are needed. Held-out positions
+    (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
+    a FileNotFoundError that Stockfish is missing."""
+    if cfg.data_source == "generate":
+        ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
+        return StreamSampler(ann, cfg.mix_env_ratio, seed=cfg.seed, buffer=buffer)
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
         if cfg.data_file.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
-            return load_jsonl(cfg.data_file, cfg.skip_bad_lines)
-        return load_text(cfg.data_file, cfg.skip_bad_lines)[0]
-    positions = generate_positions(cfg.steps * cfg.batch_size, cfg.seed)
-    with Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth) as ann:
-        labels = ann.annotate([fen for fen, _, _ in positions])
-    return [policy_sample(fen, *labels[fen], history=h) for fen, h, _ in positions]
+            samples = load_jsonl(cfg.data_file, cfg.skip_bad_lines)
+        else:
+            samples = load_text(cfg.data_file, cfg.skip_bad_lines)[0]
+        held_out = held_out_keys()
+        samples = [s for s in samples if position_key(s.fen) not in held_out]
+        if not samples:
+            raise ValueError(f"{cfg.data_file}: every position in it is a held-out eval or mate-in-one position")
+    else:
+        samples = load_jsonl(POOL_PATH)
+    return TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=buffer)

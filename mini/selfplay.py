@@ -38,13 +38,12 @@ new positions) needs ~26 engine-seconds, hidden behind training when refresh * s
 import random
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import chess
 
 from mini.annotate import DEFAULT_CACHE, Annotator
-from mini.chess_eval import MATE_PATH, game_start, half_move, model_player, opening_board, shipped_keys
-from mini.config import EVAL_PATH
+from mini.chess_eval import game_start, half_move, model_player, opening_board
+from mini.dataset import held_out_keys
 from mini.formats import env_sample, policy_sample, position_key
 
 
@@ -59,8 +58,7 @@ class SelfPlaySource:
         # player(model, seed, autocast) -> (prompts -> completion texts); tests plug in scripted ones
         self.player = player or (lambda model, seed, autocast=None: model_player(
             model, tok, temperature, top_k, seed, max_new_tokens, autocast=autocast))
-        self.held_out = shipped_keys((EVAL_PATH, MATE_PATH)) | {position_key(f) for f in exclude}
-        self.driver = ThreadPoolExecutor(1, thread_name_prefix="annotate")  # Stockfish runs in its own processes
+        self.held_out = held_out_keys() | {position_key(f) for f in exclude}
         self.rng, self.refreshes, self.started = random.Random(seed), 0, 0
         self.boards, self.games = [], []
         for _ in range(games):
@@ -123,15 +121,13 @@ class SelfPlaySource:
 
     def _submit(self, todo):
         self.pending = list(todo)
-        fens = [f for f, _ in todo]
-        step = 8 * self.ann.workers  # chunks, so that close() waits for one chunk only, not a whole refresh
-        self.futures = [self.driver.submit(self.ann.annotate, fens[i:i + step]) for i in range(0, len(fens), step)]
+        self.futures = self.ann.submit([f for f, _ in todo])
 
     def _promote(self):
         """Labelled positions of the last refresh -> drawable (waits for Stockfish if it is not done)."""
         t0 = time.perf_counter()
         labels = {}
-        for f in self.futures:
+        for f in dict.fromkeys(self.futures):  # one future per chunk of FENs
             labels.update(f.result())
         self.metrics["selfplay_wait_s"] = self.metrics.get("selfplay_wait_s", 0.0) + time.perf_counter() - t0
         for fen, history in self.pending:
@@ -186,7 +182,6 @@ class SelfPlaySource:
         self._submit([tuple(p) for p in s["pending"]])  # searched again, or found in the cache
 
     def close(self):
-        self.driver.shutdown(wait=True, cancel_futures=True)  # the chunk being searched finishes (and is cached)
         self.ann.close()
 
     def __enter__(self):

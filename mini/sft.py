@@ -12,7 +12,8 @@ Supervised warm start: teach a GPT-2 (from scratch or a snapshot) the RookWorld 
 
 On a 2-core machine that other jobs share, OMP_NUM_THREADS=1 is faster than torch's default of 2 threads.
 
-Data: P: samples from the shipped pool (Stockfish labels) or a RookWorld text file; A: samples made by
+Data: P: samples from the shipped pool (Stockfish labels), a RookWorld text file, or (--data_source generate)
+fresh positions labelled by Stockfish in the background as training goes on; A: samples made by
 python-chess on the fly (a random move on a pool position, a freshly generated position, or a position
 one ply on from an earlier sample), so A: data never runs out. mix_env_ratio is the A: share. Nothing
 from the held-out eval set (mini/data/eval.jsonl) or the mate-in-one set (mini/data/mate_in_one.jsonl) is ever
@@ -35,9 +36,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from mini.chess_eval import load_mates
-from mini.config import EVAL_PATH, parse_args
-from mini.dataset import ReplayBuffer, TaskSampler, load_jsonl, load_samples
+from mini.config import parse_args
+from mini.dataset import ReplayBuffer, held_out_keys, make_sampler
 from mini.formats import position_key
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
@@ -55,11 +55,9 @@ class SFTData:
     """Endless training samples of the configured mix, none on a held-out position."""
 
     def __init__(self, cfg):
-        self.held_out = {position_key(s.fen) for s in load_jsonl(EVAL_PATH)}
-        self.held_out |= {position_key(r["fen"]) for r in load_mates()}  # the mate-in-one test set too
-        samples = [s for s in load_samples(cfg) if self.clean(s.fen)]  # a text file may hold eval positions
+        self.held_out = held_out_keys()  # the eval and mate-in-one test sets
         self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
-        self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)
+        self.sampler = make_sampler(cfg, self.buffer)  # leaves held-out positions out
         self.positions = iter_positions(cfg.seed)
 
     def clean(self, *fens):
@@ -204,6 +202,7 @@ def train_sft(cfg, run):
     finally:
         bar.close()
         reporter.close()
+        data.sampler.close()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     if stop:

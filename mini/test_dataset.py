@@ -1,18 +1,23 @@
-"""Text-file loading, the position generator, the replay buffer, the task sampler and the shipped data.
+"""Text-file loading, the position generator, the replay buffer, the task and stream samplers and the shipped data.
 
     python mini/test_dataset.py
 """
 import collections
+import itertools
 import json
 import random
+from contextlib import closing
 
 import chess
 import pytest
 
+from mini.annotate import Annotator
 from mini.config import EVAL_PATH, POOL_PATH, Config
-from mini.dataset import MAX_BAD_LINES, ReplayBuffer, TaskSampler, load_jsonl, load_samples, load_text
+from mini.dataset import (MAX_BAD_LINES, ReplayBuffer, StreamSampler, TaskSampler, held_out_keys, load_jsonl,
+                          load_text, make_sampler)
 from mini.formats import env_completion, legal_ucis, parse_line, position_key
-from mini.positions import generate_positions, random_env_sample
+from mini.positions import generate_positions, iter_positions, random_env_sample
+from mini.test_annotate import needs_stockfish
 from mini.test_formats import A_LINES, P_LINES, START
 
 def test_malformed_lines_say_what_is_wrong(tmp_path):
@@ -57,10 +62,20 @@ def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
 
 def test_data_file_may_be_annotated_jsonl(tmp_path):
     path = tmp_path / "positions.jsonl"
-    with open(EVAL_PATH) as src:
+    with open(POOL_PATH) as src:
         path.write_text("".join(src.readlines()[:4]))  # the header and three positions
-    samples = load_samples(Config(data_source="file", data_file=str(path)))
-    assert [s.prompt for s in samples] == [s.prompt for s in load_jsonl(EVAL_PATH)[:3]]
+    samples = make_sampler(Config(data_source="file", data_file=str(path))).policy
+    assert [s.prompt for s in samples] == [s.prompt for s in load_jsonl(POOL_PATH)[:3]]
+
+
+def test_a_data_file_never_yields_a_held_out_position(tmp_path):
+    path = tmp_path / "positions.jsonl"
+    with open(POOL_PATH) as pool, open(EVAL_PATH) as held_out:
+        path.write_text("".join(pool.readlines()[1:3] + held_out.readlines()[1:3]))
+    assert make_sampler(Config(data_source="file", data_file=str(path))).policy == load_jsonl(POOL_PATH)[:2]
+    path.write_text("".join(open(EVAL_PATH).readlines()[1:3]))
+    with pytest.raises(ValueError, match="every position in it is a held-out"):
+        make_sampler(Config(data_source="file", data_file=str(path)))
 
 
 def phase_of(board):
@@ -147,6 +162,42 @@ def test_task_sampler_mix():
         if s.task == "A":
             assert s.completion == env_completion(s.fen, s.move, s.history)
     assert [s.prompt + s.completion for s in draws] == [s.prompt + s.completion for s in draw()]
+
+
+@needs_stockfish
+def test_stream_sampler_labels_as_it_goes_and_resumes_exactly(tmp_path):
+    """--data_source generate: P: prompts are the stream's positions in order (held-out ones left out),
+    labelled as Stockfish labels them, no more than `ahead` searched before they are needed; a sampler loaded
+    from a state_dict draws what the original draws next."""
+    ann = Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl"))
+    with closing(StreamSampler(ann, env_ratio=0, seed=0, ahead=8)) as sampler:
+        drawn = sampler.draw(5)
+        assert len(ann.cache) <= 5 + 8  # labelled as needed, at most `ahead` early, not steps x batch_size up front
+    held_out = held_out_keys()
+    stream = [fen for fen, _, _ in itertools.islice(iter_positions(0), 40)]
+    assert any(position_key(f) in held_out for f in stream[:8])  # seed 0 is the stream the eval set came from
+    fens = [f for f in stream if position_key(f) not in held_out][:5]
+    assert [s.fen for s in drawn] == fens
+    with Annotator(depth=2, workers=1, cache_path="") as fresh:  # the labels are Stockfish's, searched anew
+        labels = fresh.annotate(fens)
+    assert [(s.moves, s.evals) for s in drawn] == [tuple(labels[f]) for f in fens]
+
+    def run(batches, state=None):  # A: prompts from the recent positions (a replay buffer has its own state)
+        with closing(StreamSampler(Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl")),
+                                   env_ratio=0.4, seed=3, ahead=4)) as sampler:
+            if state is not None:
+                sampler.load_state_dict(state)
+            return [[x.prompt + x.completion for x in sampler.draw(6)] for _ in range(batches)], sampler.state_dict()
+
+    full, _ = run(3)
+    _, after_one = run(1)
+    assert run(2, after_one)[0] == full[1:]
+    assert {p[:3] for batch in full[1:] for p in batch} == {"A: ", "P: "}
+
+
+def test_generate_without_stockfish_is_one_sentence():
+    with pytest.raises(FileNotFoundError, match="apt-get install stockfish"):
+        make_sampler(Config(data_source="generate", stockfish_path="/nonexistent/stockfish"))
 
 
 if __name__ == "__main__":

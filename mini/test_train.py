@@ -245,23 +245,33 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, 
         assert torch.equal(a, b)
 
 
-def test_selfplay_source_resumes_exactly(tiny, tmp_path):
-    """--data_source selfplay end to end: positions of the policy's games, refreshed every 2 steps, and a run
-    resumed from its step-2 checkpoint repeats the uninterrupted one (its engine timings aside)."""
+STOCKFISH_SOURCES = {
+    "selfplay": ("--data_source", "selfplay", "--selfplay_refresh", "2", "--selfplay_games", "2", "--selfplay_plies", "2",
+                 "--selfplay_mix", "1", "--stockfish_depth", "4", "--annotate_workers", "1", "--mix_env_ratio", "0.5"),
+    "generate": ("--data_source", "generate", "--stockfish_depth", "4", "--annotate_workers", "1",
+                 "--mix_env_ratio", "0.5"),
+}
+
+
+@pytest.mark.parametrize("source", STOCKFISH_SOURCES)
+def test_stockfish_sources_resume_exactly(tiny, tmp_path, source):
+    """--data_source selfplay (positions of the policy's games, refreshed every 2 steps) and generate (fresh
+    positions labelled as they are needed) end to end: a run resumed from its step-2 checkpoint repeats the
+    uninterrupted one (its engine timings aside)."""
     pytest.importorskip("chess.engine")
     if not shutil.which("stockfish") and not shutil.which("/usr/games/stockfish"):
         pytest.skip("Stockfish binary not found (apt-get install stockfish)")
-    flags = ("--data_source", "selfplay", "--selfplay_refresh", "2", "--selfplay_games", "2", "--selfplay_plies", "2",
-             "--selfplay_mix", "1", "--stockfish_depth", "4", "--annotate_workers", "1", "--mix_env_ratio", "0.5")
-    assert train.main(args(tiny, tmp_path, "sp", 4, *flags)) == 0
-    step2 = tmp_path / "sp" / "checkpoints" / "step_000002.pt"
-    assert train.main(args(tiny, tmp_path, "sp2", 4, *flags, "--resume_from_checkpoint", str(step2))) == 0
+    flags = STOCKFISH_SOURCES[source]
+    assert train.main(args(tiny, tmp_path, "a", 4, *flags)) == 0
+    step2 = tmp_path / "a" / "checkpoints" / "step_000002.pt"
+    assert train.main(args(tiny, tmp_path, "b", 4, *flags, "--resume_from_checkpoint", str(step2))) == 0
     volatile = ("time_", "peak_mem_mb", "selfplay_searched", "selfplay_play_s", "selfplay_wait_s")
     rows = [[{k: v for k, v in m.items() if not k.startswith(volatile)} for m in read_jsonl(tmp_path / run / "metrics.jsonl")]
-            for run in ("sp", "sp2")]
-    assert rows[0][2:] == rows[1] and all(m["selfplay_positions"] > 0 for m in rows[0])
-    samples = read_jsonl(tmp_path / "sp" / "samples.jsonl")
-    assert samples[4:] == read_jsonl(tmp_path / "sp2" / "samples.jsonl")
+            for run in ("a", "b")]
+    assert rows[0][2:] == rows[1]
+    assert source != "selfplay" or all(m["selfplay_positions"] > 0 for m in rows[0])
+    samples = read_jsonl(tmp_path / "a" / "samples.jsonl")
+    assert samples[4:] == read_jsonl(tmp_path / "b" / "samples.jsonl")
 
 
 def test_informative_groups_by_hand():

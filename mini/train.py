@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from mini import grpo
 from mini.chess_eval import quick_metrics
 from mini.config import given_flags, parse_args
-from mini.dataset import ReplayBuffer, TaskSampler, load_samples
+from mini.dataset import ReplayBuffer, make_sampler
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
 from mini.report import make_reporter
@@ -115,10 +115,9 @@ class Trainer:
         self.baseline = grpo.RewardBaseline(cfg.baseline_type, cfg.ema_decay)
         self.buffer = ReplayBuffer(seed=cfg.seed)
         try:
-            samples = load_samples(cfg)
+            self.sampler = make_sampler(cfg, self.buffer)
         except (ValueError, OSError) as e:  # a missing or malformed data file, no Stockfish for --data_source generate
             raise StopRun(f"error: {e}") from None
-        self.sampler = TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=self.buffer)
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 else []
         try:
             self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
@@ -375,6 +374,7 @@ class Trainer:
         finally:
             self.scorer.close()
             self.reporter.close()
+            self.sampler.close()
             if self.source is not None:
                 self.source.close()
             self.run_dir.release()
@@ -421,7 +421,7 @@ class Trainer:
                 "scheduler": {"lr_scale": self.lr_scale},
                 "value_head": self.value_head.state_dict() if self.value_head is not None else None,
                 "kl_ctl": self.kl_ctl.state_dict(), "baseline": self.baseline.state_dict(),
-                "sampler_rng": self.sampler.rng.getstate(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+                "sampler": self.sampler.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
                 "selfplay": self.source.state_dict() if self.source is not None else None,
                 "rng": rng_state(), "step": self.step, "best_eval": self.best_eval, "best_reward": self.best_reward,
                 "run_name": self.run_dir.name, "config": dataclasses.asdict(self.cfg)}
@@ -434,7 +434,7 @@ class Trainer:
             self.value_head.load_state_dict(s["value_head"])
         self.kl_ctl.load_state_dict(s["kl_ctl"])
         self.baseline.load_state_dict(s["baseline"])
-        self.sampler.rng.setstate(s["sampler_rng"])
+        self.sampler.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
         self.buffer.items, buffer_rng = s["buffer"]
         self.buffer.rng.setstate(buffer_rng)
         if self.source is not None:
@@ -490,7 +490,7 @@ class Trainer:
 
     def probe_peak_memory(self, batch_size):
         """Peak CUDA bytes of one full step at this batch size without changing any state (None: OOM)."""
-        saved = (rng_state(), self.sampler.rng.getstate(), dict(self.buffer.items), self.baseline.state_dict(),
+        saved = (rng_state(), self.sampler.state_dict(), dict(self.buffer.items), self.baseline.state_dict(),
                  self.source.state_dict() if self.source is not None else None)
         self.cfg.batch_size = batch_size
         torch.cuda.empty_cache()
@@ -506,7 +506,7 @@ class Trainer:
             peak = None
         self.optimizer.zero_grad(set_to_none=True)
         set_rng_state(saved[0])
-        self.sampler.rng.setstate(saved[1])
+        self.sampler.load_state_dict(saved[1])
         self.buffer.items = saved[2]
         self.baseline.load_state_dict(saved[3])
         if self.source is not None:
