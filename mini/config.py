@@ -215,6 +215,10 @@ def problems(values, checks=None):
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):
         out.append(f"--micro_batch_size {v('micro_batch_size')} is larger than the batch of --batch_size x --k_samples = "
                    f"{v('batch_size') * v('k_samples')} completions; lower it or use 0 (the whole batch)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    if world > 1 and v("batch_size") and v("batch_size") % world:
+        out.append(f"--batch_size {v('batch_size')} does not divide among the {world} processes torchrun started "
+                   f"(it is the global number of prompts per step); use a multiple of {world}")
     if v("n_embd") and v("n_head") and v("n_embd") % v("n_head"):
         out.append(f"--n_embd {v('n_embd')} must be a multiple of --n_head {v('n_head')}")
     starts = [f"--{n}" for n in ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite") if v(n)]

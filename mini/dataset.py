@@ -211,15 +211,16 @@ class StreamSampler:
         self.ann.close()
 
 
-def make_sampler(cfg, buffer=None):
+def make_sampler(cfg, buffer=None, rank=0):
     """The prompt sampler of the configured source: the shipped pool (also what selfplay mixes its own
     positions with, mini/selfplay.py), a RookWorld text file or a JSONL file of annotated positions like the
-    pool, or (generate) fresh positions labelled by Stockfish as they are needed. Held-out positions
+    pool, or (generate) fresh positions labelled by Stockfish as they are needed, seeded cfg.seed + rank
+    (each torchrun rank draws its own). Held-out positions
     (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
     a FileNotFoundError that Stockfish is missing."""
     if cfg.data_source == "generate":
         ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
-        return StreamSampler(ann, cfg.mix_env_ratio, seed=cfg.seed, buffer=buffer)
+        return StreamSampler(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer)
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
@@ -233,4 +234,4 @@ def make_sampler(cfg, buffer=None):
             raise ValueError(f"{cfg.data_file}: every position in it is a held-out eval or mate-in-one position")
     else:
         samples = load_jsonl(POOL_PATH)
-    return TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed, buffer=buffer)
+    return TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer)

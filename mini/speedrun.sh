@@ -3,7 +3,7 @@
 #
 #   bash mini/speedrun.sh [--wheels DIR] [--out DIR] [--export DIR] [--cpu-smoke] [STAGE...]
 #
-#   STAGE     test | bench | train | eval (default: all four, in that order); a summary table of every
+#   STAGE     test | bench | train | eval | ddp (default: all five, in that order); a summary table of every
 #             figure found in the output folder is printed at the end, whichever stages ran
 #   --wheels  install every wheel in DIR (pip --no-index --no-deps) into /tmp/speedrun-site, put on PYTHONPATH
 #   --out     output folder for logs, JSON figures, runs and snapshots (default logs/speedrun)
@@ -18,14 +18,17 @@
 #   train  SFT of a 124M GPT-2 from scratch for SFT_MIN minutes (the hub is out of reach), then GRPO_STEPS GRPO
 #          steps of GRPO_BATCH prompts x GRPO_K from it, peak memory per step in grpo/metrics.jsonl
 #   eval   mini/evaluate.py on EVAL_N prompts per task before (SFT) and after (GRPO), and --compare
+#   ddp    DDP_STEPS GRPO steps from the SFT model, plain and under `torchrun --nproc_per_node 1` (DDP-wrapped,
+#          a process group of one) at the same seed: the metrics must agree, and the completions/s of the
+#          two give what the wrapping costs
 #
 # Each stage stays well under 10 minutes on an H100; run them in separate calls where a call is limited
 # to 10 minutes (the output folder carries the SFT and GRPO snapshots from train to eval):
 #   bash mini/speedrun.sh --wheels .whl --export "$OUT" bench
-#   bash mini/speedrun.sh --wheels .whl --export "$OUT" train eval
+#   bash mini/speedrun.sh --wheels .whl --export "$OUT" train eval ddp
 #   bash mini/speedrun.sh --wheels .whl --export "$OUT" test
 # Sizes can be changed through the environment: SFT_MIN (3), GRPO_STEPS (200), GRPO_BATCH (16), GRPO_K (8),
-# GRPO_LR (1e-5), GRPO_ARGS (more train.py flags, e.g. --compile_decode), EVAL_N (200), PYTHON (python3),
+# GRPO_LR (1e-5), GRPO_ARGS (more train.py flags, e.g. --compile_decode), EVAL_N (200), DDP_STEPS (20), PYTHON (python3),
 # STEP_TIMEOUT (seconds per command, 570).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,12 +45,12 @@ while (($#)); do
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
     --export) EXPORT=${2:?--export needs a directory}; shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
-    test | bench | train | eval) STAGES+=("$1"); shift ;;
+    test | bench | train | eval | ddp) STAGES+=("$1"); shift ;;
     -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
-    *) echo "speedrun.sh: unknown argument '$1' (stages: test bench train eval; see --help)" >&2; exit 2 ;;
+    *) echo "speedrun.sh: unknown argument '$1' (stages: test bench train eval ddp; see --help)" >&2; exit 2 ;;
   esac
 done
-((${#STAGES[@]})) || STAGES=(test bench train eval)
+((${#STAGES[@]})) || STAGES=(test bench train eval ddp)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
@@ -70,12 +73,13 @@ GRPO_BATCH=${GRPO_BATCH:-16}
 GRPO_K=${GRPO_K:-8}
 GRPO_LR=${GRPO_LR:-1e-5}
 EVAL_N=${EVAL_N:-200}
+DDP_STEPS=${DDP_STEPS:-20}
 if ((SMOKE)); then  # toy sizes, on the CPU even where a GPU is present
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # a toy model gains nothing from a second thread
   DEV=(--device cpu)
   SHAPE=(--n_layer 1 --n_head 1 --n_embd 32)
   SFT_ARGS=(--steps 2 --batch_size 2 --lr 1e-3 --warmup_steps 1)
-  GRPO_STEPS=2 GRPO_BATCH=2 GRPO_K=2 EVAL_N=2
+  GRPO_STEPS=2 GRPO_BATCH=2 GRPO_K=2 EVAL_N=2 DDP_STEPS=2
   GEN=(--max_new_tokens 8)
 else
   DEV=()
@@ -154,6 +158,17 @@ stage_eval() {
   py -m mini.evaluate --compare "$OUT/eval_before.json" "$OUT/eval_after.json" | tee "$OUT/eval_compare.txt"
 }
 
+stage_ddp() {
+  [[ -d $OUT/sft/final ]] || { echo "ddp: $OUT/sft/final does not exist; run the train stage first" >&2; return 1; }
+  rm -rf "$OUT/ddp_plain" "$OUT/ddp_torchrun"
+  local run=(--model_path "$OUT/sft/final" "${DEV[@]}" "${GEN[@]}" --steps "$DDP_STEPS" --batch_size "$GRPO_BATCH"
+             --k_samples "$GRPO_K" --lr "$GRPO_LR" --eval_every 0 --save_every 0 --log_dir "$OUT")
+  echo "== GRPO, plain python: $DDP_STEPS steps"
+  py -m mini.train "${run[@]}" --run_name ddp_plain
+  echo "== the same under torchrun --nproc_per_node 1 (DDP-wrapped)"
+  py -m torch.distributed.run --standalone --nproc_per_node 1 -m mini.train "${run[@]}" --run_name ddp_torchrun
+}
+
 summary() {
   "$PY" - "$OUT" <<'EOF'
 import json, os, sys
@@ -224,6 +239,17 @@ if steps:
         ("GRPO seconds per step", f"{mean([m['time_step'] for m in steps]):.2f} (mean of {len(steps)})"),
         ("GRPO reward, first / last tenth", f"{mean([m['reward_mean'] for m in steps[:tenth]]):.3f} / "
                                             f"{mean([m['reward_mean'] for m in steps[-tenth:]]):.3f}"),
+    ]
+plain, ddp = load(os.path.join("ddp_plain", "metrics.jsonl")), load(os.path.join("ddp_torchrun", "metrics.jsonl"))
+if plain and ddp and len(plain) == len(ddp):
+    warm = min(2, len(plain) - 1)  # the first steps pay for allocation and the DDP buckets
+    cfg = load(os.path.join("ddp_plain", "config.json"))
+    rate = lambda rows: cfg["batch_size"] * cfg["k_samples"] / mean([m["time_step"] for m in rows[warm:]])
+    rows += [
+        ("1-GPU torchrun vs plain, max |diff|", ", ".join(
+            f"{k} {max(abs(a[k] - b[k]) for a, b in zip(plain, ddp)):.2e}" for k in ("reward_mean", "loss", "kl"))),
+        ("completions/s plain vs DDP-wrapped", f"{rate(plain):.1f} vs {rate(ddp):.1f} "
+                                               f"(overhead {100 * (1 - rate(ddp) / rate(plain)):+.1f}%)"),
     ]
 before, after = load("eval_before.json"), load("eval_after.json")
 if before and after:

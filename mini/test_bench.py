@@ -33,14 +33,21 @@ def smoke(tmp_path_factory):
 def test_speedrun_cpu_smoke_runs_every_stage_and_prints_the_table(smoke):
     proc, out = smoke
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for stage in ("test", "bench", "train", "eval"):
+    for stage in ("test", "bench", "train", "eval", "ddp"):
         assert f"=== stage {stage}: ok" in proc.stdout
         assert (out / f"{stage}.log").exists()
     table = proc.stdout[proc.stdout.index("== speedrun summary"):]
     for row in ("completions/s ours", "rollout ours / transformers", "training phase", "decode bandwidth",
-                "auto_batch_size", "GRPO peak memory, step 1 vs 2", "eval_reward, before -> after"):
+                "auto_batch_size", "GRPO peak memory, step 1 vs 2", "eval_reward, before -> after",
+                "1-GPU torchrun vs plain", "completions/s plain vs DDP-wrapped"):
         assert row in table, row
     assert (out / "summary.txt").read_text().strip() == table.strip()
+    # torchrun with one process (DDP-wrapped, gloo) takes the plain run's steps at the same seed
+    plain, ddp = ([json.loads(line) for line in open(out / run / "metrics.jsonl")] for run in ("ddp_plain", "ddp_torchrun"))
+    assert len(plain) == len(ddp) == 2
+    for a, b in zip(plain, ddp):
+        for k in ("reward_mean", "loss", "kl", "grad_norm"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
 
 
 def test_step_bench_figures(smoke):

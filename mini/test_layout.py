@@ -11,7 +11,7 @@ import pytest
 
 # bottom to top: a module may import only modules listed before it
 LAYERS = [
-    "config", "runtime",                   # settings; device, autocast, LR schedule, seeding
+    "config", "runtime", "distributed",    # settings; device, autocast, LR schedule, seeding; torchrun
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
     "formats", "positions", "annotate", "dataset",  # RookWorld text, positions, Stockfish labels, prompt sources
     "reward_scorer", "grpo",               # rewards; the objective as tensor functions

@@ -109,8 +109,8 @@ def install_test_hooks(mp, nan_call=None, kill_after_step=None):
     if kill_after_step is not None:
         finish_step = train.Trainer.finish_step
 
-        def finish_then_die(self, m, r):
-            finish_step(self, m, r)
+        def finish_then_die(self, m, r, tasks):
+            finish_step(self, m, r, tasks)
             if self.step == kill_after_step:
                 os.kill(os.getpid(), signal.SIGKILL)
         mp.setattr(train.Trainer, "finish_step", finish_then_die)

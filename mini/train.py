@@ -12,6 +12,7 @@ logs/<run_name>/ (see mini/runs.py), which belongs to one process at a time and 
 that holds a run is continued with --auto_resume (under its saved config) or moved aside with --overwrite.
 """
 import contextlib
+import copy
 import dataclasses
 import errno
 import math
@@ -22,9 +23,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from mini import grpo
+from mini import distributed, grpo
 from mini.chess_eval import quick_metrics
 from mini.config import given_flags, parse_args
 from mini.dataset import ReplayBuffer, make_sampler
@@ -75,29 +77,68 @@ class Rollout:
         return [s.task for s in self.samples]
 
 
+class PolicyHead(torch.nn.Module):
+    """The trained modules as one forward, so that DistributedDataParallel syncs the value head's gradients
+    with the model's: completion logits (n, Tc, V) and value estimates (n, Tc) or None."""
+
+    def __init__(self, model, value_head, hidden, autocast):
+        super().__init__()
+        self.model, self.value_head, self.hidden, self.autocast = model, value_head, hidden, autocast
+
+    def forward(self, ids, mask, Tp):
+        with self.autocast():
+            h = self.hidden(ids, mask)[:, Tp - 1:-1]  # (n, Tc, C): position t predicts token t + 1
+            return self.model.lm_head(h), self.value_head(h) if self.value_head is not None else None
+
+
 class Trainer:
+    """GRPO on one process, or on every rank of torchrun (mini/distributed.py): each rank samples, scores and
+    differentiates its batch_size / world_size prompts; the advantages, the loss normalisers and the metrics
+    are those of the global batch; rank 0 writes the logs and checkpoints (which hold every rank's RNG and
+    sampler state) while the others wait at barriers."""
+
     def __init__(self, cfg):
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = distributed.setup(resolve_device(cfg.device))
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        self.main = self.rank == 0
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        seed_everything(cfg.seed)
-        self.run_dir = RunDir(cfg.log_dir, cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
-        self.run_dir.claim(resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint),
-                           overwrite=cfg.overwrite)
-        self.log = self.run_dir.log
+        seed_everything(cfg.seed + self.rank)  # ranks sample different completions; rank 0 is a plain run's
+        self.local_batch = cfg.batch_size // self.world  # config.problems checked that it divides
+        self.run_dir = RunDir(cfg.log_dir, distributed.from_main(cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")))
+        self.on_main(lambda: self.run_dir.claim(
+            resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
+        self.log = self.run_dir.log if self.main else (lambda line: None)
         try:
             self.setup()
         except BaseException:
-            self.run_dir.release(failed=True)  # a failed start leaves no empty run directory behind
+            if self.main:
+                self.run_dir.release(failed=True)  # a failed start leaves no empty run directory behind
             raise
+
+    def on_main(self, work):
+        """work() on rank 0 (the whole of it on a single process); the other ranks wait, and stop if it fails."""
+        failed = None
+        if self.main:
+            try:
+                work()
+            except BaseException as e:
+                failed = e
+        if self.world > 1:
+            why = distributed.from_main(None if failed is None else f"{type(failed).__name__}: {failed}")
+            if why is not None and not self.main:
+                raise StopRun(f"stopped with rank 0 ({why})")
+        if failed is not None:
+            raise failed
 
     def setup(self):
         cfg = self.cfg
         try:
-            self.reporter = make_reporter(cfg.report_to, self.run_dir.path, dataclasses.asdict(cfg))
+            self.reporter = make_reporter(cfg.report_to if self.main else "none", self.run_dir.path,
+                                          dataclasses.asdict(cfg))
         except ValueError as e:  # the sentence says which extra to install
             raise StopRun(f"error: {e}") from None
         self.model, self.tok = load_model(cfg.model_path, self.device)
@@ -106,19 +147,24 @@ class Trainer:
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training forward may be compiled; generation has its own static-shape step (--compile_decode)
-        self.train_hidden = torch.compile(self.model.hidden) if cfg.compile and self.cuda else self.model.hidden
+        hidden = torch.compile(self.model.hidden) if cfg.compile and self.cuda else self.model.hidden
+        self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast)
+        self.ref_head = PolicyHead(self.ref, None, self.ref.hidden, self.autocast)
+        # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
+        self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
+            if distributed.active() else None
         self.optimizer = self.model.configure_optimizers(
             cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), self.device.type,
             extra=self.value_head.named_parameters(prefix="value_head") if cfg.use_gae else ())
         self.lr_scale = 1.0  # the schedule's state is the step and this scale, halved by each recovery
         self.kl_ctl = grpo.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.baseline = grpo.RewardBaseline(cfg.baseline_type, cfg.ema_decay)
-        self.buffer = ReplayBuffer(seed=cfg.seed)
+        self.buffer = ReplayBuffer(seed=cfg.seed + self.rank)
         try:
-            self.sampler = make_sampler(cfg, self.buffer)
+            self.sampler = make_sampler(cfg, self.buffer, self.rank)
         except (ValueError, OSError) as e:  # a missing or malformed data file, no Stockfish for --data_source generate
             raise StopRun(f"error: {e}") from None
-        self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 else []
+        self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 and self.main else []
         try:
             self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
         except FileNotFoundError as e:  # --p_reward engine without Stockfish: says how to install it
@@ -130,7 +176,7 @@ class Trainer:
                     self.tok, self.sampler, games=cfg.selfplay_games, plies=cfg.selfplay_plies,
                     temperature=cfg.selfplay_temperature, top_k=cfg.selfplay_top_k, max_new_tokens=cfg.max_new_tokens,
                     mix=cfg.selfplay_mix, env_ratio=cfg.mix_env_ratio, depth=cfg.stockfish_depth,
-                    workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed)
+                    workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed + self.rank)
             except FileNotFoundError as e:  # no Stockfish: says how to install it
                 self.scorer.close()
                 raise StopRun(f"error: {e}") from None
@@ -162,30 +208,42 @@ class Trainer:
                 self.prepare(r)  # ... while the reference log-probs are computed here
             with timer("score"):  # only the wait for scores that prepare() did not hide
                 r.scores = scoring()
-        r.rewards = torch.tensor([reward for reward, _ in r.scores], dtype=torch.float32)
+        return self.learn(r, timer, sampling)
+
+    def learn(self, r, timer, sampling=None):
+        """Advantages, update and metrics row of a scored rollout (r.scores set, this rank's rows); None when
+        the step was rolled back. Every rank sees every rank's rewards, so the advantages, the baseline and
+        the metrics are those of the global batch."""
+        cfg = self.cfg
+        ranks = distributed.gather((r.scores, r.tasks, [len(c) for c in r.completions], sum(map(len, r.prompts)),
+                                    sampling or {}))
+        scores, tasks, lens = ([x for part in ranks for x in part[i]] for i in range(3))  # global, in rank order
+        offset = sum(len(part[0]) for part in ranks[:self.rank])
+        rewards = torch.tensor([reward for reward, _ in scores], dtype=torch.float32)  # (N_global,)
+        r.rewards = rewards[offset:offset + len(r.scores)]
         with timer("update"):
-            adv, returns, adv_stats = self.advantages(r)
+            adv, returns, adv_stats = self.advantages(r, rewards, tasks, offset)
             stats = self.update(r, adv, returns)
         if stats is None:
             self.recover("non-finite loss or gradient")
             return None
-        if self.cfg.adaptive_kl and "kl" in stats:
+        if cfg.adaptive_kl and "kl" in stats:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
-        m = {"step": self.step, **stats, **adv_stats, **sampling, **(self.source.metrics if self.source else {}),
-             **reward_metrics(r), "prompt_tokens": sum(map(len, r.prompts)),
-             "completion_tokens": sum(map(len, r.completions)),
-             "completion_len_mean": sum(map(len, r.completions)) / len(r.completions),
-             "completion_clipped_ratio": sum(len(c) >= self.cfg.max_new_tokens for c in r.completions) / len(r.completions),
-             **self.scorer.metrics, **timer.seconds(),
+        m = {"step": self.step, **stats, **adv_stats, **merge_sampling([part[4] for part in ranks]),
+             **(self.source.metrics if self.source else {}), **reward_metrics(rewards, tasks, scores),
+             "prompt_tokens": sum(part[3] for part in ranks), "completion_tokens": sum(lens),
+             "completion_len_mean": sum(lens) / len(lens),
+             "completion_clipped_ratio": sum(n >= cfg.max_new_tokens for n in lens) / len(lens),
+             **self.scorer.metrics, **timer.seconds(),  # the scorer's and the timings are this rank's
              "peak_mem_mb": peak_memory_mb(self.device)}
-        self.finish_step(m, r)
+        self.finish_step(m, r, tasks)
         return m
 
     def rollout(self):
         """Sample K completions for each of batch_size prompts."""
         cfg, K = self.cfg, self.cfg.k_samples
-        drawn = (self.source or self.sampler).draw(cfg.batch_size)
+        drawn = (self.source or self.sampler).draw(self.local_batch)
         samples = [s for s in drawn for _ in range(K)]  # groups contiguous
         prompts = [self.tok.encode(s.prompt) for s in samples]
         self.model.eval()
@@ -204,7 +262,7 @@ class Trainer:
         last rollout whole if none was kept, so the KL term still acts) and the sampling metrics."""
         cfg, K = self.cfg, self.cfg.k_samples
         kept, rounds, drawn, zero_var, last = [], 0, 0, 0, None
-        while len(kept) < cfg.batch_size and rounds < cfg.dynamic_sampling_max_rounds:
+        while len(kept) < self.local_batch and rounds < cfg.dynamic_sampling_max_rounds:
             with timer("generate"):
                 last = self.rollout()
             with timer("score"):
@@ -214,8 +272,8 @@ class Trainer:
             kept += [(last, g) for g, keep in enumerate(informative) if keep]
             rounds, drawn = rounds + 1, drawn + len(informative)
             zero_var += int((~grpo.informative_groups(rewards, K)).sum())
-        n_kept = min(len(kept), cfg.batch_size)
-        kept = kept[:cfg.batch_size] or [(last, g) for g in range(cfg.batch_size)]
+        n_kept = min(len(kept), self.local_batch)
+        kept = kept[:self.local_batch] or [(last, g) for g in range(self.local_batch)]
         rows = [(r, i) for r, g in kept for i in range(g * K, (g + 1) * K)]
         r = Rollout(*([getattr(r, f)[i] for r, i in rows] for f in ("samples", "prompts", "completions", "texts")),
                     scores=[r.scores[i] for r, i in rows])
@@ -232,31 +290,40 @@ class Trainer:
             for sl in self.micro_batches(len(r.prompts)):
                 ids, mask, comp_ids = r.ids[sl], r.mask[sl], r.comp_ids[sl]
                 if cfg.kl_type == "k3":
-                    logits = self.completion_logits(self.ref, ids, mask, r.Tp)[0]
+                    logits = self.ref_head(ids, mask, r.Tp)[0]
                     ref_logp.append(grpo.token_logprobs(logits, comp_ids, cfg.temperature))
                 if cfg.num_iterations > 1 or cfg.use_gae:
-                    logits, h = self.completion_logits(self.model, ids, mask, r.Tp)
+                    logits, values = self.policy(ids, mask, r.Tp)
                     old_logp.append(grpo.token_logprobs(logits, comp_ids, cfg.temperature))
                     if cfg.use_gae:
-                        old_values.append(self.value_head(h))
+                        old_values.append(values)
         r.ref_logp, r.old_logp, r.old_values = (torch.cat(x) if x else None for x in (ref_logp, old_logp, old_values))
 
-    def advantages(self, r):
-        """Per-row advantages (N,) from the group statistics, or per-token (N, Tc) GAE advantages and
-        returns with --use_gae; and their statistics."""
+    def advantages(self, r, rewards=None, tasks=None, offset=0):
+        """The rollout's per-row advantages (n,) from the group statistics of the global batch's `rewards`
+        (N,) and `tasks` (every rank's rows, this rank's from `offset`; default: the rollout's own), or
+        per-token (n, Tc) GAE advantages and returns with --use_gae; and the statistics."""
         cfg = self.cfg
-        baseline = self.baseline(r.rewards, r.tasks, cfg.k_samples)
-        adv, stats = grpo.group_advantages(r.rewards, cfg.k_samples, cfg.scale_rewards, baseline)
+        rewards, tasks = (r.rewards, r.tasks) if rewards is None else (rewards, tasks)
+        baseline = self.baseline(rewards, tasks, cfg.k_samples)
+        adv, stats = grpo.group_advantages(rewards, cfg.k_samples, cfg.scale_rewards, baseline)
         if cfg.use_gae:
             adv, returns = grpo.gae(r.rewards.to(self.device), r.old_values, r.comp_mask, cfg.gamma, cfg.gae_lambda)
             return adv, returns, stats
-        return adv.to(self.device), None, stats
+        return adv[offset:offset + len(r.prompts)].to(self.device), None, stats
 
     def update(self, r, adv, returns, apply=True):
-        """num_iterations optimizer updates over the rollout (apply=False: forward and backward only,
-        as a memory probe). Returns the metrics, or None when the loss or gradient is not finite."""
+        """num_iterations optimizer updates over the rollout (apply=False: forward and backward only, on this
+        rank alone, as a memory probe). Returns the metrics, or None when the loss or gradient is not finite.
+        Under torchrun the normalisers are the global batch's, each rank's loss is its share of the global
+        loss (so DDP's mean of the gradients, times world size, is the global gradient) and the metrics are
+        summed over the ranks: N ranks x B/N prompts give the update of 1 process x B prompts."""
         cfg = self.cfg
         norm = grpo.normalisers(r.comp_mask, budget=cfg.max_new_tokens)  # over the whole rollout
+        ddp = self.ddp if apply else None
+        if ddp is not None:  # ... of every rank
+            n_seqs, n_tokens = distributed.all_sum(torch.tensor([norm["n_seqs"], int(r.comp_mask.sum())])).tolist()
+            norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))
         kl_coef = grpo.kl_coef_at(self.step, self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef, cfg.kl_warmup_steps)
         settings = grpo.LossSettings(cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high, cfg.loss_type,
                                      cfg.kl_type, kl_coef, cfg.entropy_coef, cfg.value_coef, cfg.value_clip)
@@ -266,31 +333,34 @@ class Trainer:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.model.train()
         totals = {}
+        batches = self.micro_batches(len(r.prompts))
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for sl in self.micro_batches(len(r.prompts)):
-                logits, h = self.completion_logits(self.model, r.ids[sl], r.mask[sl], r.Tp)
-                ref_logits = None
-                if cfg.kl_type != "k3":
-                    with torch.no_grad():
-                        ref_logits = self.completion_logits(self.ref, r.ids[sl], r.mask[sl], r.Tp)[0]
-                critic = {}
-                if cfg.use_gae:
-                    critic = dict(values=self.value_head(h), old_values=r.old_values[sl], returns=returns[sl])
-                loss, metrics = grpo_loss(
-                    logits, r.comp_ids[sl], r.comp_mask[sl], adv[sl], settings, norm,
-                    old_logp=r.old_logp[sl] if it > 0 else None,  # epoch 0 is on-policy: ratio 1
-                    ref_logits=ref_logits, ref_logp=r.ref_logp[sl] if r.ref_logp is not None else None, **critic)
-                loss.backward()
+            for j, sl in enumerate(batches):
+                # DDP averages the gradients at the backward of the last micro-batch only
+                with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else contextlib.nullcontext():
+                    logits, values = (ddp or self.policy)(r.ids[sl], r.mask[sl], r.Tp)
+                    ref_logits = None
+                    if cfg.kl_type != "k3":
+                        with torch.no_grad():
+                            ref_logits = self.ref_head(r.ids[sl], r.mask[sl], r.Tp)[0]
+                    critic = dict(values=values, old_values=r.old_values[sl], returns=returns[sl]) if cfg.use_gae else {}
+                    loss, metrics = grpo_loss(
+                        logits, r.comp_ids[sl], r.comp_mask[sl], adv[sl], settings, norm,
+                        old_logp=r.old_logp[sl] if it > 0 else None,  # epoch 0 is on-policy: ratio 1
+                        ref_logits=ref_logits, ref_logp=r.ref_logp[sl] if r.ref_logp is not None else None, **critic)
+                    (loss * self.world if ddp is not None else loss).backward()
                 for k, v in metrics.items():  # each micro-batch's share: they sum to the batch value
                     totals[k] = totals.get(k, 0.0) + v / cfg.num_iterations
+            seen = totals if ddp is None else dict(zip(totals, distributed.all_sum(  # the ranks' shares sum up too
+                torch.tensor(list(totals.values()), dtype=torch.float64)).tolist()))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            if not (math.isfinite(totals["loss"]) and torch.isfinite(grad_norm)):
+            if not (math.isfinite(seen["loss"]) and torch.isfinite(grad_norm)):  # the same verdict on every rank
                 return None  # nothing reaches the weights; the caller rolls back
             if apply:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**totals, "grad_norm": grad_norm.item(), "kl_coef": kl_coef, "lr": lr}
+        return {**seen, "grad_norm": grad_norm.item(), "kl_coef": kl_coef, "lr": lr}
 
     # ------------------------------------------------------------------------- tensors of a rollout
 
@@ -311,39 +381,20 @@ class Trainer:
             mask[i, Tp - len(p):Tp + len(c)] = True
         return ids.to(self.device), mask.to(self.device), Tp
 
-    def completion_logits(self, model, ids, mask, Tp):
-        """Logits that predict the completion tokens (n, Tc, V), and the hidden states they come from."""
-        hidden = self.train_hidden if model is self.model else model.hidden
-        with self.autocast():
-            h = hidden(ids, mask)[:, Tp - 1:-1]  # (n, Tc, C): position t predicts token t + 1
-            return model.lm_head(h), h
-
     # ------------------------------------------------------------------------- around the step
 
-    def finish_step(self, m, r):
-        """Evaluation, logs and checkpoints after a step; stops the run when the KL runs away."""
+    def finish_step(self, m, r, tasks):
+        """Evaluation, logs and checkpoints after a step (`tasks`: the global batch's); stops the run when the
+        KL runs away. Rank 0 evaluates and writes; every rank takes part in the checkpoints."""
         cfg = self.cfg
         self.best_reward = max(self.best_reward, m["reward_mean"])
         if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
-            ev, _ = evaluate(self.model, self.tok, self.eval_samples, cfg.max_new_tokens, autocast=self.autocast(),
-                             shaping=cfg.reward_shaping, engine=self.scorer.engine, compile_decode=cfg.compile_decode)
-            m.update(ev)
-            if cfg.eval_chess:
-                m.update(quick_metrics(self.model, self.tok, max_new_tokens=cfg.max_new_tokens, autocast=self.autocast()))
-            if ev["eval_reward"] > self.best_eval:
-                self.best_eval = ev["eval_reward"]
+            m.update(distributed.from_main(self.held_out_metrics() if self.main else None))
+            if m["eval_reward"] > self.best_eval:
+                self.best_eval = m["eval_reward"]
                 self.save("stable.pt")
-        self.run_dir.append_jsonl("metrics.jsonl", [m])
-        first_of_groups = range(0, min(cfg.log_samples, cfg.batch_size) * cfg.k_samples, cfg.k_samples)
-        samples = [{"step": self.step, "task": r.samples[i].task, "prompt": r.samples[i].prompt,
-                    "completion": r.texts[i], "reward": r.scores[i][0]} for i in first_of_groups]
-        self.run_dir.append_jsonl("samples.jsonl", samples)
-        self.reporter.log(self.step, m)  # a view of the row just written: metrics.jsonl stays the record
-        self.reporter.log_samples(self.step, samples)
-        n_env = r.tasks.count("A") // cfg.k_samples
-        self.log(f"Step {self.step} | Loss {m['loss']:.4f} | Reward {m['reward_mean']:.3f} (best {self.best_reward:.3f}) "
-                 f"| P/E {cfg.batch_size - n_env}/{n_env} | KL {m.get('kl', 0.0):.4f} | {m['time_step']:.1f}s"
-                 + (f" | eval {m['eval_reward']:.3f}" if "eval_reward" in m else ""))
+        if self.main:
+            self.write_step(m, r, tasks)
         if cfg.kl_threshold > 0 and abs(m.get("kl", 0.0)) > cfg.kl_threshold:
             self.save_regular()
             raise StopRun(f"KL {m['kl']:.4f} exceeds --kl_threshold {cfg.kl_threshold} at step {self.step}; "
@@ -352,6 +403,28 @@ class Trainer:
             self.save_regular()
             self.save("recovery.pt")
             self.recoveries = 0
+
+    def held_out_metrics(self):
+        ev, _ = evaluate(self.model, self.tok, self.eval_samples, self.cfg.max_new_tokens, autocast=self.autocast(),
+                         shaping=self.cfg.reward_shaping, engine=self.scorer.engine, compile_decode=self.cfg.compile_decode)
+        if self.cfg.eval_chess:
+            ev.update(quick_metrics(self.model, self.tok, max_new_tokens=self.cfg.max_new_tokens, autocast=self.autocast()))
+        return ev
+
+    def write_step(self, m, r, tasks):
+        """metrics.jsonl, samples.jsonl (rank 0's first groups), the dashboards and the log line."""
+        cfg, K = self.cfg, self.cfg.k_samples
+        self.run_dir.append_jsonl("metrics.jsonl", [m])
+        samples = [{"step": self.step, "task": r.samples[i].task, "prompt": r.samples[i].prompt,
+                    "completion": r.texts[i], "reward": r.scores[i][0]}
+                   for i in range(0, min(cfg.log_samples * K, len(r.samples)), K)]  # the first row of each group
+        self.run_dir.append_jsonl("samples.jsonl", samples)
+        self.reporter.log(self.step, m)  # a view of the row just written: metrics.jsonl stays the record
+        self.reporter.log_samples(self.step, samples)
+        n_env = tasks.count("A") // K
+        self.log(f"Step {self.step} | Loss {m['loss']:.4f} | Reward {m['reward_mean']:.3f} (best {self.best_reward:.3f}) "
+                 f"| P/E {len(tasks) // K - n_env}/{n_env} | KL {m.get('kl', 0.0):.4f} | {m['time_step']:.1f}s"
+                 + (f" | eval {m['eval_reward']:.3f}" if "eval_reward" in m else ""))
 
     def run(self, changed=None):
         """Resume if asked to (`changed`: the flags a resumed run changed, logged), train, save the final model."""
@@ -362,22 +435,23 @@ class Trainer:
                     self.log(f"resume: --{name} {old!r} -> {new!r}")
             if self.cfg.auto_batch_size and self.step == 0:  # a resumed run keeps the batch size it chose
                 self.choose_batch_size()
-            self.run_dir.save_config(self.cfg)
-            if not os.path.exists(self.run_dir.checkpoint("recovery.pt")):
+            self.on_main(lambda: self.run_dir.save_config(self.cfg))
+            if not distributed.from_main(os.path.exists(self.run_dir.checkpoint("recovery.pt"))):
                 self.save("recovery.pt")  # the known-good start
             self.log(f"Run {self.run_dir.name}: {self.model.num_params() / 1e6:.1f}M params on {self.device}, "
-                     f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}")
+                     f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}"
+                     + (f", DistributedDataParallel over {self.world} rank(s)" if self.ddp else ""))
             self.loop()
             self.save_regular()
-            final = save_model(self.model, self.tok, self.run_dir.file("final"))
-            self.log(f"Done: final model in {final}")
+            self.on_main(lambda: self.log(f"Done: final model in {save_model(self.model, self.tok, self.run_dir.file('final'))}"))
         finally:
             self.scorer.close()
             self.reporter.close()
             self.sampler.close()
             if self.source is not None:
                 self.source.close()
-            self.run_dir.release()
+            if self.main:
+                self.run_dir.release()
 
     def loop(self):
         """Steps until --steps, the time limit or a signal; a progress bar where the output is a terminal."""
@@ -387,17 +461,18 @@ class Trainer:
                         disable=not sys.stderr.isatty())
         try:
             while self.step < self.cfg.steps:
-                if time.time() > deadline:
+                if distributed.any_rank(time.time() > deadline):  # every rank stops at the same step
                     self.log(f"Time limit of {self.cfg.time_limit_min} min reached at step {self.step}")
                     break
                 m = self.train_step()
                 if m is not None:
                     self.bar.update(1)
                     self.bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.4f}")
-                if self.stop_signal:
-                    self.log(f"{self.stop_signal}: saving checkpoint at step {self.step}...")
+                if distributed.any_rank(self.stop_signal):
+                    self.log(f"{self.stop_signal or 'a signal to another rank'}: saving checkpoint at step {self.step}...")
                     self.save_regular()
-                    raise StopRun(f"saved; resume with: python mini/train.py --log_dir {self.cfg.log_dir} "
+                    launch = f"torchrun --nproc_per_node {self.world}" if self.world > 1 else "python"
+                    raise StopRun(f"saved; resume with: {launch} mini/train.py --log_dir {self.cfg.log_dir} "
                                   f"--run_name {self.run_dir.name} --auto_resume")
         finally:
             self.bar.close()
@@ -411,22 +486,42 @@ class Trainer:
         if self.stop_signal:
             raise KeyboardInterrupt
         self.stop_signal = name
-        print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
-              file=sys.stderr, flush=True)
+        if self.main:
+            print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
+                  file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------------- state, resume, recovery
 
+    def rank_state(self):
+        """What differs between torchrun ranks: the RNGs, the prompt sampler, the replay buffer, the games."""
+        return {"sampler": self.sampler.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+                "selfplay": self.source.state_dict() if self.source is not None else None, "rng": rng_state()}
+
+    def load_rank_state(self, s):
+        self.sampler.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
+        self.buffer.items, buffer_rng = s["buffer"]
+        self.buffer.rng.setstate(buffer_rng)
+        if self.source is not None:
+            self.source.load_state_dict(s["selfplay"])
+        set_rng_state(s["rng"])
+
     def state(self):
+        """The checkpoint: the shared state and rank 0's own at the top level (a single process's checkpoint),
+        and under torchrun every rank's own in "ranks". Every rank must call it (it gathers)."""
+        ranks = distributed.gather(self.rank_state())
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": {"lr_scale": self.lr_scale},
                 "value_head": self.value_head.state_dict() if self.value_head is not None else None,
                 "kl_ctl": self.kl_ctl.state_dict(), "baseline": self.baseline.state_dict(),
-                "sampler": self.sampler.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
-                "selfplay": self.source.state_dict() if self.source is not None else None,
-                "rng": rng_state(), "step": self.step, "best_eval": self.best_eval, "best_reward": self.best_reward,
+                **ranks[0], **({"ranks": ranks} if self.world > 1 else {}),
+                "step": self.step, "best_eval": self.best_eval, "best_reward": self.best_reward,
                 "run_name": self.run_dir.name, "config": dataclasses.asdict(self.cfg)}
 
     def load_state(self, s):
+        world = len(s.get("ranks", [s]))
+        if world != self.world:
+            raise StopRun(f"error: the checkpoint was written by {world} process(es) and this run has {self.world}; "
+                          f"resume it with the same number (torchrun --nproc_per_node {world}, or plain python for 1)")
         self.model.load_state_dict(s["model"])
         self.optimizer.load_state_dict(s["optimizer"])
         self.lr_scale = s["scheduler"]["lr_scale"]
@@ -434,19 +529,16 @@ class Trainer:
             self.value_head.load_state_dict(s["value_head"])
         self.kl_ctl.load_state_dict(s["kl_ctl"])
         self.baseline.load_state_dict(s["baseline"])
-        self.sampler.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
-        self.buffer.items, buffer_rng = s["buffer"]
-        self.buffer.rng.setstate(buffer_rng)
-        if self.source is not None:
-            self.source.load_state_dict(s["selfplay"])
-        set_rng_state(s["rng"])
+        self.load_rank_state(s["ranks"][self.rank] if self.world > 1 else s)
         self.step, self.best_eval, self.best_reward = s["step"], s["best_eval"], s["best_reward"]
 
     def save(self, name):
-        self.run_dir.save(name, self.state())
+        state = self.state()
+        self.on_main(lambda: self.run_dir.save(name, state))
 
     def save_regular(self):
-        self.run_dir.save_regular(self.state(), self.cfg.keep_last)
+        state = self.state()
+        self.on_main(lambda: self.run_dir.save_regular(state, self.cfg.keep_last))
 
     def resume(self):
         """Pick up a checkpoint if asked to; the run's step logs are cut back to its step."""
@@ -461,14 +553,15 @@ class Trainer:
             if not os.path.exists(path):
                 raise StopRun(f"--recovery_mode: {path} does not exist; run without it or with --auto_resume")
             state = load_checkpoint(path)
-        elif cfg.auto_resume:
-            found = self.run_dir.latest_valid_checkpoint()
-            if found:
-                path, state = found
+        elif cfg.auto_resume:  # rank 0 picks the checkpoint, the others load the same file
+            found = self.run_dir.latest_valid_checkpoint() if self.main else None
+            path = distributed.from_main(found[0] if found else None)
+            if path is not None:
+                state = found[1] if self.main else load_checkpoint(path)
         if path is None:
             return
         self.load_state(state)
-        self.run_dir.truncate_logs(self.step)
+        self.on_main(lambda: self.run_dir.truncate_logs(self.step))
         self.log(f"Resumed from {path} at step {self.step}")
 
     def recover(self, reason):
@@ -482,17 +575,17 @@ class Trainer:
         lr_scale = self.lr_scale * 0.5
         self.load_state(load_checkpoint(self.run_dir.checkpoint("recovery.pt")))
         self.lr_scale = lr_scale
-        self.run_dir.truncate_logs(self.step)
+        self.on_main(lambda: self.run_dir.truncate_logs(self.step))
         self.log(f"{reason}: rolled back to step {self.step}, lr scale now {self.lr_scale} "
                  f"(recovery {self.recoveries}/{MAX_RECOVERIES})")
 
     # ------------------------------------------------------------------------- --auto_batch_size
 
-    def probe_peak_memory(self, batch_size):
-        """Peak CUDA bytes of one full step at this batch size without changing any state (None: OOM)."""
-        saved = (rng_state(), self.sampler.state_dict(), dict(self.buffer.items), self.baseline.state_dict(),
-                 self.source.state_dict() if self.source is not None else None)
-        self.cfg.batch_size = batch_size
+    def probe_peak_memory(self, local_batch):
+        """Peak CUDA bytes of one full step of this rank at this many prompts, without changing any state and
+        without a collective (None: out of memory)."""
+        saved, baseline = copy.deepcopy(self.rank_state()), self.baseline.state_dict()
+        self.local_batch = local_batch
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         try:
@@ -505,12 +598,8 @@ class Trainer:
         except torch.cuda.OutOfMemoryError:
             peak = None
         self.optimizer.zero_grad(set_to_none=True)
-        set_rng_state(saved[0])
-        self.sampler.load_state_dict(saved[1])
-        self.buffer.items = saved[2]
-        self.baseline.load_state_dict(saved[3])
-        if self.source is not None:
-            self.source.load_state_dict(saved[4])
+        self.load_rank_state(saved)
+        self.baseline.load_state_dict(baseline)
         return peak
 
     def choose_batch_size(self):
@@ -519,16 +608,22 @@ class Trainer:
                      f"{self.cfg.batch_size}")
             return
         capacity = torch.cuda.get_device_properties(self.device).total_memory
-        start = self.cfg.batch_size
-        best, measured = find_batch_size(self.probe_peak_memory, start, capacity, self.cfg.memory_fraction)
+
+        def probe(local_batch):  # each rank measures its share; all go on with the worst, so they stay in step
+            peak = distributed.all_max(float(self.probe_peak_memory(local_batch) or math.inf))
+            return None if peak == math.inf else peak
+
+        start, W = self.local_batch, self.world
+        best, measured = find_batch_size(probe, start, capacity, self.cfg.memory_fraction)
         for b, peak in measured:
-            self.log(f"auto_batch_size: {b} prompts x {self.cfg.k_samples} -> "
-                     + ("out of memory" if peak is None else f"peak {peak / 2**30:.1f} GiB of {capacity / 2**30:.1f}"))
+            self.log(f"auto_batch_size: {b * W} prompts x {self.cfg.k_samples} -> "
+                     + ("out of memory" if peak is None else f"peak {peak / 2**30:.1f} GiB of {capacity / 2**30:.1f}")
+                     + (f" (the most of {W} ranks)" if W > 1 else ""))
         if best is None:
-            raise StopRun(f"--auto_batch_size: even {start} prompts x {self.cfg.k_samples} exceed "
+            raise StopRun(f"--auto_batch_size: even {start * W} prompts x {self.cfg.k_samples} exceed "
                           f"{self.cfg.memory_fraction:.0%} of the GPU; lower --batch_size or --k_samples")
-        self.cfg.batch_size = best
-        self.log(f"auto_batch_size: using --batch_size {best}")
+        self.local_batch, self.cfg.batch_size = best, best * W
+        self.log(f"auto_batch_size: using --batch_size {best * W}")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -568,9 +663,9 @@ def find_batch_size(probe, start, capacity, fraction, max_batch=4096):
     return best, measured
 
 
-def reward_metrics(r):
-    """Reward mean/std overall and per task, each component's mean and format validity per task."""
-    rewards, tasks = r.rewards, r.tasks
+def reward_metrics(rewards, tasks, scores):
+    """Reward mean/std overall and per task, each component's mean and format validity per task, of rewards
+    (N,), their tasks and the scorer's (reward, components)."""
     m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0}
     for task in ("P", "A"):
         idx = [i for i, t in enumerate(tasks) if t == task]
@@ -578,34 +673,50 @@ def reward_metrics(r):
             continue
         x = rewards[idx]
         m[f"reward_mean_{task}"], m[f"reward_std_{task}"] = x.mean().item(), x.std().item() if len(idx) > 1 else 0.0
-        for name in r.scores[idx[0]][1]:
-            m[f"{name}_{task}"] = sum(r.scores[i][1][name] for i in idx) / len(idx)
+        for name in scores[idx[0]][1]:
+            m[f"{name}_{task}"] = sum(scores[i][1][name] for i in idx) / len(idx)
     return m
+
+
+def merge_sampling(parts):
+    """The dynamic-sampling metrics of the global step from each rank's (empty without it)."""
+    if len(parts) == 1 or not parts[0]:
+        return parts[0]
+    drawn = sum(p["ds_groups_drawn"] for p in parts)
+    return {"ds_rounds": max(p["ds_rounds"] for p in parts), "ds_groups_drawn": drawn,
+            "ds_groups_kept": sum(p["ds_groups_kept"] for p in parts),
+            "ds_zero_var_share_drawn": sum(p["ds_zero_var_share_drawn"] * p["ds_groups_drawn"] for p in parts) / drawn}
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg, changed = parse_args(argv), {}
+
+    def say(line):  # under torchrun every rank stops with the same message: rank 0 prints it
+        if distributed.is_main():
+            print(line, file=sys.stderr)
     try:
         saved = RunDir(cfg.log_dir, cfg.run_name).saved_config() if cfg.auto_resume else None
         if saved is not None:
             cfg, changed = resume_config(cfg, given_flags(argv), saved)
         Trainer(cfg).run(changed)
     except (LoadError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 1
     except StopRun as e:
-        print(e, file=sys.stderr)
+        say(str(e))
         return 1
     except KeyboardInterrupt:
-        print("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume", file=sys.stderr)
+        say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
         return 130
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        print(f"error: disk full writing {e.filename or cfg.log_dir}; free some space, then continue with --auto_resume "
-              "(the last good checkpoint is kept)", file=sys.stderr)
+        say(f"error: disk full writing {e.filename or cfg.log_dir}; free some space, then continue with --auto_resume "
+            "(the last good checkpoint is kept)")
         return 1
+    finally:
+        distributed.cleanup()
     return 0
 
 

@@ -1,0 +1,152 @@
+"""torchrun on CPU (2 gloo processes, tiny model): one step on a fixed global batch equals the step of one
+process on the same batch; a 2-process run killed with SIGKILL and resumed ends where an uninterrupted one
+does; a batch that does not divide among the ranks is one sentence.
+
+    python mini/test_distributed.py
+"""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mini.train as train
+from mini.config import POOL_PATH, parse_args
+from mini.dataset import TaskSampler, load_jsonl
+from mini.loader import load_model
+from mini.runs import load_checkpoint
+from mini.test_train import (FULL_STATE, STEPS, args, assert_same_final_state, install_scripted_reward,
+                             install_test_hooks, read_jsonl, scripted_score, tiny, without_timing)  # noqa: F401 (tiny: a fixture)
+
+K, PROMPTS = 3, 4
+STEP_SETTINGS = {  # the global normalisers and statistics each setting divides by
+    "dapo_batch_std_adaptive": ("--loss_type", "dapo", "--scale_rewards", "batch", "--baseline_type", "adaptive",
+                                "--micro_batch_size", "2", "--num_iterations", "2", "--kl_type", "k3"),
+    "grpo_gae_adaptive_kl": ("--loss_type", "grpo", "--use_gae", "--adaptive_kl", "--kl_type", "forward"),
+}
+WORKER = "import sys; from mini.test_distributed import worker; sys.exit(worker(sys.argv[1], sys.argv[2:]))"
+
+
+def torchrun(mode, argv, env=None, nproc=2):
+    """`torchrun --standalone --nproc_per_node nproc` of worker(mode, argv), started: a Popen."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "--no-python",
+           sys.executable, "-c", WORKER, mode, *argv]
+    return subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, check=True):
+    """The exit code of a torchrun started by torchrun(); with check, a failure shows its stderr."""
+    _, err = proc.communicate(timeout=300)
+    assert not check or proc.returncode == 0, err[-4000:]
+    return proc.returncode
+
+
+def worker(mode, argv):
+    """A rank's work under torchrun (or the single process's in the test): `step` trains one step on the fixed
+    batch and saves the result; `run` is train.main with the scripted reward, with $NAN_ON_RANK_1 a NaN loss
+    on rank 1 only at its second loss call, and with $KILL_AFTER_STEP SIGKILL after that step."""
+    with pytest.MonkeyPatch.context() as mp:
+        if mode == "step":
+            install_scripted_reward(mp)
+            return fixed_step(parse_args(argv))
+        nan_here = os.environ.get("NAN_ON_RANK_1") and os.environ.get("RANK") == "1"  # rolls every rank back
+        install_test_hooks(mp, nan_call=2 if nan_here else None,
+                           kill_after_step=int(os.environ.get("KILL_AFTER_STEP", "0")) or None)
+        return train.main(argv)
+
+
+def assert_same_metrics(a, b):
+    """Two metrics rows agree up to float reduction order, less the timings, memory and scorer counters."""
+    volatile = ("time_", "peak_mem_mb", "score_")
+    a, b = ({k: v for k, v in x.items() if not k.startswith(volatile)} for x in (a, b))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+
+
+def fixed_step(cfg):
+    """One learn() on a fixed global batch of PROMPTS x K rows, of which this rank takes its share; rank 0
+    saves the weights, value head and metrics row to <run>/result.pt."""
+    t = train.Trainer(cfg)
+    samples = [s for s in TaskSampler(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
+    g = torch.Generator().manual_seed(0)
+    completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
+                   for _ in samples]
+    texts = [t.tok.decode(c) for c in completions]
+    n = len(samples) // t.world
+    mine = slice(t.rank * n, (t.rank + 1) * n)
+    r = train.Rollout(samples[mine], [t.tok.encode(s.prompt) for s in samples[mine]], completions[mine], texts[mine],
+                      scores=[scripted_score(s, x) for s, x in zip(samples[mine], texts[mine])])
+    t.prepare(r)
+    m = t.learn(r, train.PhaseTimer(False))
+    if t.main:
+        torch.save({"model": t.model.state_dict(), "value_head": t.value_head.state_dict() if t.value_head else None,
+                    "metrics": m}, os.path.join(t.run_dir.path, "result.pt"))
+    t.run_dir.release()
+    train.distributed.cleanup()
+    return 0
+
+
+@pytest.mark.parametrize("setting", STEP_SETTINGS)
+def test_two_ranks_take_the_step_of_one_process(tiny, tmp_path, setting):
+    argv = args(tiny, tmp_path, "two", 1, "--batch_size", str(PROMPTS), "--k_samples", str(K), *STEP_SETTINGS[setting])
+    assert finish(torchrun("step", argv)) == 0
+    assert worker("step", argv[:argv.index("--run_name") + 1] + ["one"] + argv[argv.index("--run_name") + 2:]) == 0
+    a, b = (torch.load(tmp_path / run / "result.pt", weights_only=True) for run in ("one", "two"))
+    for part in ("model", "value_head"):
+        for name, x in (a[part] or {}).items():
+            assert torch.allclose(x, b[part][name], rtol=0, atol=1e-5), (part, name, (x - b[part][name]).abs().max())
+    start = load_model(tiny)[0].state_dict()
+    assert max((a["model"][k] - start[k]).abs().max() for k in start) > 1e-4  # the step did move the weights
+    assert_same_metrics(a["metrics"], b["metrics"])
+
+
+def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_path):
+    argv = lambda run: args(tiny, tmp_path, run, STEPS, *FULL_STATE, "--dynamic_sampling")  # each rank fills its share
+    assert finish(torchrun("run", argv("straight"), env={"NAN_ON_RANK_1": "1"})) == 0
+    killed = torchrun("run", argv("killed"), env={"NAN_ON_RANK_1": "1", "KILL_AFTER_STEP": "5"})
+    assert finish(killed, check=False) != 0
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(killed.pid, signal.SIGKILL)  # whatever torchrun left behind
+    run = tmp_path / "killed"
+    assert not (run / "final").exists() and len(read_jsonl(run / "metrics.jsonl")) >= 4
+    assert finish(torchrun("run", ["--log_dir", str(tmp_path), "--run_name", "killed", "--auto_resume"])) == 0
+    rows = without_timing(read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+    assert without_timing(read_jsonl(run / "metrics.jsonl")) == rows and len(rows) == STEPS
+    assert all(row["ds_groups_kept"] == 2 for row in rows)  # dynamic sampling filled the global batch
+    assert any("rolled back" in line for line in open(tmp_path / "straight" / "train.log"))  # rank 1's NaN
+    assert_same_final_state(tmp_path / "straight", run)
+    ranks = load_checkpoint(str(run / "checkpoints" / f"step_{STEPS:06d}.pt"))["ranks"]
+    # each rank kept its own RNGs and draws through the rollback and the resume
+    assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])
+    assert ranks[0]["sampler"] != ranks[1]["sampler"]
+
+
+def test_torchrun_with_one_process_is_the_plain_run(tiny, tmp_path):
+    """One process under torchrun is DDP-wrapped in a process group of one (what speedrun.sh times against
+    the plain run): the same steps at the same seed."""
+    argv = lambda run: args(tiny, tmp_path, run, 3, *FULL_STATE)
+    assert finish(torchrun("run", argv("torchrun"), nproc=1)) == 0
+    assert worker("run", argv("plain")) == 0
+    assert "DistributedDataParallel" in open(tmp_path / "torchrun" / "train.log").read()
+    plain, ddp = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("plain", "torchrun"))
+    assert len(plain) == len(ddp) == 3
+    for a, b in zip(plain, ddp):  # this process may have other threads than torchrun's: float reduction order
+        assert_same_metrics(a, b)
+
+
+def test_a_batch_that_does_not_divide_among_the_ranks_is_one_sentence(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--batch_size", "6"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--batch_size 6 does not divide among the 4 processes" in err[0]
+    assert parse_args(["--batch_size", "8"]).batch_size == 8
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
