@@ -25,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = "mini/test_reference_step.py"
 SAMPLER_AGREES = "mini/test_reference_step.py::test_sampler_logprobs_equal_the_trainers_old_logprobs"
 RESUME = "mini/test_train.py::test_sigkill_then_auto_resume_equals_uninterrupted"
+TWO_RANKS_STEP = "mini/test_distributed.py::test_two_ranks_take_the_step_of_one_process"
+TWO_RANKS_RESUME = "mini/test_distributed.py::test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run"
 
 
 @dataclass
@@ -109,6 +111,14 @@ MUTANTS = [
     Mutant("env_ratio_off", "A: tasks are drawn at 0.8 x --mix_env_ratio",
            "dataset.py", "self.rng.random() >= self.env_ratio", "self.rng.random() >= 0.8 * self.env_ratio",
            ("mini/test_dataset.py::test_task_sampler_mix",)),
+    # torchrun (mini/test_distributed.py: 2 gloo processes against 1)
+    Mutant("local_token_count", "under torchrun each rank divides its loss by its own token count, not the global one",
+           "train.py", "norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))", "pass", (TWO_RANKS_STEP,)),
+    Mutant("ddp_mean_not_undone", "each rank's loss is not scaled by the world size: DDP's mean halves the gradient",
+           "train.py", "(loss * self.world if ddp is not None else loss).backward()", "loss.backward()", (TWO_RANKS_STEP,)),
+    Mutant("rank_state_shared", "on resume or rollback every rank takes rank 0's RNG and sampler state",
+           "train.py", 'self.load_rank_state(s["ranks"][self.rank] if self.world > 1 else s)', "self.load_rank_state(s)",
+           (TWO_RANKS_RESUME,)),
     # rewards (mini/reward_scorer.py)
     Mutant("pool_reorders_chunks", "the scoring pool returns its workers' chunks in reverse order",
            "reward_scorer.py", "collect = lambda: [f.result() for f in futures]", "collect = lambda: [f.result() for f in futures[::-1]]",
