@@ -139,6 +139,15 @@ def test_torchrun_with_one_process_is_the_plain_run(tiny, tmp_path):
         assert_same_metrics(a, b)
 
 
+def test_dynamic_sampling_metrics_of_the_ranks_merge_into_the_global_steps():
+    parts = [{"ds_rounds": 1, "ds_groups_drawn": 4, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.5},
+             {"ds_rounds": 3, "ds_groups_drawn": 12, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.25}]
+    # the slowest rank's rounds; groups summed; 2 + 3 of 16 groups drawn had equal rewards
+    assert train.merge_sampling(parts) == {"ds_rounds": 3, "ds_groups_drawn": 16, "ds_groups_kept": 4,
+                                           "ds_zero_var_share_drawn": 5 / 16}
+    assert train.merge_sampling([{}, {}]) == {} and train.merge_sampling([parts[0]]) == parts[0]
+
+
 def test_a_batch_that_does_not_divide_among_the_ranks_is_one_sentence(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(SystemExit) as e:
