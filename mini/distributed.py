@@ -29,7 +29,7 @@ def setup(device):
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    # a generous timeout: the other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint
+    # a generous timeout: the other ranks wait in a broadcast while rank 0 evaluates or writes a checkpoint
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
     _device = device
     return device
@@ -59,11 +59,6 @@ def rank():
 
 def is_main():
     return rank() == 0
-
-
-def barrier():
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _reduce(x, op):

@@ -46,7 +46,7 @@ while (($#)); do
     --export) EXPORT=${2:?--export needs a directory}; shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
     test | bench | train | eval | ddp) STAGES+=("$1"); shift ;;
-    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^set -euo/ {exit} NR > 1' "$0"; exit 0 ;;  # the header comment
     *) echo "speedrun.sh: unknown argument '$1' (stages: test bench train eval ddp; see --help)" >&2; exit 2 ;;
   esac
 done

@@ -95,7 +95,7 @@ class Trainer:
     """GRPO on one process, or on every rank of torchrun (mini/distributed.py): each rank samples, scores and
     differentiates its batch_size / world_size prompts; the advantages, the loss normalisers and the metrics
     are those of the global batch; rank 0 writes the logs and checkpoints (which hold every rank's RNG and
-    sampler state) while the others wait at barriers."""
+    sampler state) while the others wait for it."""
 
     def __init__(self, cfg):
         self.cfg = cfg
