@@ -32,15 +32,21 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, attn_mask, cache=None):
+    def qkv(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        return (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+
+    def forward(self, x, attn_mask, cache=None, prefix=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x)
         if cache is not None:  # this layer's preallocated (B, nh, T_max, hs) keys and values, and the columns of x
             k_all, v_all, cols = cache
             k_all.index_copy_(2, cols, k.to(k_all.dtype))  # in place, at tensor positions: no shape depends on the step
             v_all.index_copy_(2, cols, v.to(v_all.dtype))
             k, v = k_all, v_all  # (B, nh, T_max, hs): attn_mask hides the padding and the columns not written yet
+        if prefix is not None:  # keys and values (B, nh, S, hs) of the columns before x (GPT.completion_hidden)
+            k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)  # (B, nh, S + T, hs)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -66,8 +72,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, attn_mask, cache=None):
-        x = x + self.attn(self.ln_1(x), attn_mask, cache)
+    def forward(self, x, attn_mask, cache=None, prefix=None):
+        x = x + self.attn(self.ln_1(x), attn_mask, cache, prefix)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -144,6 +150,50 @@ class GPT(nn.Module):
             else:
                 x = block(x, attn_mask, None if cache is None else (cache.k[i], cache.v[i], cols))
         return self.transformer.ln_f(x)
+
+    def completion_hidden(self, idx, attention_mask, start):
+        """hidden(idx, attention_mask)[:, start:], computing each distinct prefix (columns < start) once.
+
+        A GRPO rollout repeats every prompt K times, and the prompt is most of a row (~80 of ~145 tokens):
+        the prefixes go through the model once each, and every row's columns from `start` on attend to
+        its prefix's keys and values. Each layer's prefix keys and values are recomputed from that layer's
+        input (one extra c_attn over the few distinct prefixes), so the blocks stay plain functions of
+        their inputs, which gradient checkpointing needs.
+        """
+        B, T = idx.shape
+        mask = attention_mask.bool()  # (B, T)
+        if start <= 0:
+            return self.hidden(idx, mask)
+        uniq, rows = torch.unique(torch.cat([idx[:, :start], mask[:, :start].long()], 1), dim=0, return_inverse=True)
+        p_idx, p_mask = uniq[:, :start], uniq[:, start:].bool()  # (U, S): the distinct prefixes
+        s_idx, s_mask = idx[:, start:], mask[:, start:]  # (B, Ts)
+        S, Ts = start, T - start
+        p_pos = (p_mask.long().cumsum(1) - 1).clamp(min=0)  # (U, S)
+        s_pos = (p_mask.sum(1)[rows, None] + s_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, Ts)
+        if s_pos.max() >= self.config.n_positions:
+            raise ValueError(f"sequence needs position {int(s_pos.max())} but the model has {self.config.n_positions}")
+        # the masks of hidden(): real keys up to the query, and the query itself
+        causal = lambda n: torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
+        eye = lambda n: torch.eye(n, dtype=torch.bool, device=idx.device)
+        p_attn = ((causal(S)[None] & p_mask[:, None, :]) | eye(S)[None])[:, None]  # (U, 1, S, S)
+        s_keys = torch.cat([p_mask[rows][:, None, :].expand(B, Ts, S), causal(Ts)[None] & s_mask[:, None, :]], 2)
+        itself = torch.cat([torch.zeros(Ts, S, dtype=torch.bool, device=idx.device), eye(Ts)], 1)  # (Ts, S + Ts)
+        s_attn = (s_keys | itself[None])[:, None]  # (B, 1, Ts, S + Ts)
+        wte, wpe = self.transformer.wte, self.transformer.wpe
+        xp = self.transformer.drop(wte(p_idx) + wpe(p_pos))  # (U, S, C)
+        xs = self.transformer.drop(wte(s_idx) + wpe(s_pos))  # (B, Ts, C)
+        blocks = self.transformer.h
+        for i, block in enumerate(blocks):
+            _, k, v = block.attn.qkv(block.ln_1(xp))  # (U, nh, S, hs)
+            prefix = (k[rows], v[rows])  # (B, nh, S, hs)
+            if self.grad_checkpointing and self.training:
+                xs = checkpoint(block, xs, s_attn, None, prefix, use_reentrant=False)
+            else:
+                xs = block(xs, s_attn, prefix=prefix)
+            if i < len(blocks) - 1:  # the last layer's prefix output is never needed
+                xp = checkpoint(block, xp, p_attn, use_reentrant=False) \
+                    if self.grad_checkpointing and self.training else block(xp, p_attn)
+        return self.transformer.ln_f(xs)
 
     def forward(self, idx, attention_mask=None):
         return self.lm_head(self.hidden(idx, attention_mask))  # (B, T, vocab)

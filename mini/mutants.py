@@ -51,7 +51,7 @@ MUTANTS = [
            "train.py", "old_logp.append(grpo.token_logprobs(logits, comp_ids, cfg.temperature))",
            "old_logp.append(grpo.token_logprobs(logits, comp_ids))", (SAMPLER_AGREES, REFERENCE)),
     Mutant("logits_one_late", "completion logits are taken one position late: each token predicts itself",
-           "train.py", "h = self.hidden(ids, mask)[:, Tp - 1:-1]", "h = self.hidden(ids, mask)[:, Tp:]", (SAMPLER_AGREES, REFERENCE)),
+           "train.py", "h = self.hidden(ids[:, :-1], mask[:, :-1], Tp - 1)", "h = self.hidden(ids[:, 1:], mask[:, 1:], Tp - 1)", (SAMPLER_AGREES, REFERENCE)),
     Mutant("eos_not_an_action", "a completion that stopped does not get its EOS as the last action",
            "train.py", "comps = [c + [eos] if len(c) < self.cfg.max_new_tokens else c for c in completions]",
            "comps = [list(c) for c in completions]", (SAMPLER_AGREES, REFERENCE)),

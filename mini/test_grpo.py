@@ -208,16 +208,23 @@ def test_grpo_loss_terms_and_on_policy_default():
 # ----------------------------------------------------------------------------- KL, entropy, log-probs
 
 def test_token_logprobs_fp32_chunked_and_direct():
+    """The hand-written backward against autograd through log_softmax, at a chunk size that does not divide
+    the positions and at one chunk."""
     logits, ids, _, _, _ = batch()
-    want = torch.log_softmax(logits / 0.7, -1).gather(-1, ids[..., None]).squeeze(-1)
-    x = logits.clone().requires_grad_(True)
-    got = token_logprobs(x, ids, 0.7, chunk_size=5)
-    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
-    got.sum().backward()
-    y = logits.clone().requires_grad_(True)
-    token_logprobs(y, ids, 0.7, chunk_size=10**6).sum().backward()
-    assert torch.allclose(x.grad, y.grad, atol=1e-7)
-    assert token_logprobs(logits.bfloat16(), ids).dtype == torch.float32
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))  # a loss that is not a plain sum
+    ref = logits.clone().requires_grad_(True)
+    want = torch.log_softmax(ref / 0.7, -1).gather(-1, ids[..., None]).squeeze(-1)
+    (want * weights).sum().backward()
+    for chunk_size in (5, 10**6):
+        x = logits.clone().requires_grad_(True)
+        got = token_logprobs(x, ids, 0.7, chunk_size=chunk_size)
+        assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
+        (got * weights).sum().backward()
+        assert torch.allclose(x.grad, ref.grad, atol=1e-6)
+    low = logits.bfloat16().requires_grad_(True)
+    lp = token_logprobs(low, ids)
+    lp.sum().backward()
+    assert lp.dtype == torch.float32 and low.grad.dtype == torch.bfloat16
 
 
 def test_exact_kl_zero_for_identical_models():

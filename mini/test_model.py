@@ -1,4 +1,4 @@
-"""GPT-2 against transformers.GPT2LMHeadModel: logits, left padding, optimizer groups.
+"""GPT-2 against transformers.GPT2LMHeadModel: logits, left padding; the shared-prefix forward against the plain one.
 
     python mini/test_model.py
 """
@@ -58,6 +58,32 @@ def test_padding_never_leaks_into_real_positions():
     padded = torch.cat([torch.randint(0, 50, (1, 5)), ids], 1)  # arbitrary garbage as padding
     mask = torch.cat([torch.zeros(1, 5), torch.ones(1, 9)], 1)
     assert torch.allclose(m(padded, mask)[:, 5:], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_completion_hidden_equals_hidden_with_shared_prefixes(checkpointing):
+    """Rows sharing a prompt (a GRPO group), prompts of other lengths, right-padded completions: the
+    values and every parameter's gradient equal the plain forward's, in float64 to rounding."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, n_positions=64, vocab_size=100)).double().train()
+    m.grad_checkpointing = checkpointing
+    ids = torch.randint(0, 100, (7, 20))
+    mask = torch.ones(7, 20, dtype=torch.bool)
+    ids[1:4] = ids[0]  # a group of 4
+    ids[5] = ids[4]  # a group of 2, shorter prompt
+    mask[4:6, :4] = False
+    mask[6, :7] = False  # a prompt alone
+    mask[1, 15:], mask[2, 12:], mask[4, 18:] = False, False, False  # completions that stopped early
+    start = 9
+    want = m.hidden(ids, mask)[:, start:]
+    got = m.completion_hidden(ids, mask, start)
+    assert got.shape == want.shape and (got - want).abs().max() < 1e-12
+    params = list(m.parameters())
+    w = torch.randn_like(want)
+    g_want = torch.autograd.grad((want * w).sum(), params)
+    g_got = torch.autograd.grad((got * w).sum(), params)
+    assert max((a - b).abs().max().item() for a, b in zip(g_got, g_want)) < 1e-11
+    assert torch.equal(m.completion_hidden(ids, mask, 0), m.hidden(ids, mask))  # no prefix: the plain forward
 
 
 if __name__ == "__main__":

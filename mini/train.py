@@ -87,7 +87,8 @@ class PolicyHead(torch.nn.Module):
 
     def forward(self, ids, mask, Tp):
         with self.autocast():
-            h = self.hidden(ids, mask)[:, Tp - 1:-1]  # (n, Tc, C): position t predicts token t + 1
+            # (n, Tc, C): position t predicts token t + 1; the group's shared prompt is computed once
+            h = self.hidden(ids[:, :-1], mask[:, :-1], Tp - 1)
             return self.model.lm_head(h), self.value_head(h) if self.value_head is not None else None
 
 
@@ -147,9 +148,10 @@ class Trainer:
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training forward may be compiled; generation has its own static-shape step (--compile_decode)
-        hidden = torch.compile(self.model.hidden) if cfg.compile and self.cuda else self.model.hidden
+        hidden = self.model.completion_hidden
+        hidden = torch.compile(hidden) if cfg.compile and self.cuda else hidden
         self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast)
-        self.ref_head = PolicyHead(self.ref, None, self.ref.hidden, self.autocast)
+        self.ref_head = PolicyHead(self.ref, None, self.ref.completion_hidden, self.autocast)
         # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
         self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
             if distributed.active() else None
