@@ -15,6 +15,7 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")  # held-out mate-in-one positions (mini/chess_eval.py)
+SHIPPED_MODEL = os.path.join(DATA_DIR, "rookworld-8m")  # a small RookWorld-format model that needs no network
 # Stockfish evals after a move (--p_reward engine), shared across runs
 ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
 

@@ -13,6 +13,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
+from mini.config import SHIPPED_MODEL
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 
@@ -44,7 +45,8 @@ def resolve_snapshot(name_or_path):
     except Exception as e:  # offline without cache, unknown repo, network errors: all end the same way
         raise LoadError(f"could not get {name_or_path!r} from the Hugging Face hub or its local cache "
                         f"({type(e).__name__}); connect to the network once, point HF_HOME at a cache that has it, "
-                        "or pass a local snapshot directory") from None
+                        f"or train the small model shipped with this project offline: --model_path "
+                        f"{os.path.relpath(SHIPPED_MODEL)}") from None
 
 
 def read_config(path):
@@ -105,15 +107,16 @@ def load_model(name_or_path, device="cpu"):
     return model.to(device).eval(), tokenizer
 
 
-def save_model(model, tokenizer, out_dir):
-    """Write a Hugging Face GPT-2 snapshot; a temporary directory is renamed into place when complete."""
+def save_model(model, tokenizer, out_dir, dtype=torch.float32):
+    """Write a Hugging Face GPT-2 snapshot with weights in dtype (bf16 halves the file; load_model reads
+    either as fp32); a temporary directory is renamed into place when complete."""
     cfg = model.config
     hf_config = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_layer=cfg.n_layer, n_head=cfg.n_head,
                      n_embd=cfg.n_embd, n_positions=cfg.n_positions, n_ctx=cfg.n_positions, vocab_size=cfg.vocab_size,
                      activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                     tie_word_embeddings=True)
-    state = {k: (v.t() if k.endswith(CONV1D) else v).detach().float().cpu().contiguous()
+                     tie_word_embeddings=True, torch_dtype=str(dtype).removeprefix("torch."))
+    state = {k: (v.t() if k.endswith(CONV1D) else v).detach().to("cpu", dtype).contiguous()
              for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: stored once, as wte
     out_dir = os.path.abspath(out_dir)
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
