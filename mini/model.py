@@ -145,11 +145,15 @@ class GPT(nn.Module):
         attn_mask = attn_mask[:, None]  # (B, 1, T, T_max)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
-            if self.grad_checkpointing and self.training and cache is None:
-                x = checkpoint(block, x, attn_mask, use_reentrant=False)
-            else:
-                x = block(x, attn_mask, None if cache is None else (cache.k[i], cache.v[i], cols))
+            x = self._block(block, x, attn_mask) if cache is None else block(x, attn_mask, (cache.k[i], cache.v[i], cols))
         return self.transformer.ln_f(x)
+
+    def _block(self, block, x, attn_mask, prefix=None):
+        """One block of a forward without a KV cache, recomputed in the backward pass (gradient
+        checkpointing) when that is on and the model is training."""
+        if self.grad_checkpointing and self.training:
+            return checkpoint(block, x, attn_mask, None, prefix, use_reentrant=False)
+        return block(x, attn_mask, prefix=prefix)
 
     def completion_hidden(self, idx, attention_mask, start):
         """hidden(idx, attention_mask)[:, start:], computing each distinct prefix (columns < start) once.
@@ -186,13 +190,9 @@ class GPT(nn.Module):
         for i, block in enumerate(blocks):
             _, k, v = block.attn.qkv(block.ln_1(xp))  # (U, nh, S, hs)
             prefix = (k[rows], v[rows])  # (B, nh, S, hs)
-            if self.grad_checkpointing and self.training:
-                xs = checkpoint(block, xs, s_attn, None, prefix, use_reentrant=False)
-            else:
-                xs = block(xs, s_attn, prefix=prefix)
+            xs = self._block(block, xs, s_attn, prefix)
             if i < len(blocks) - 1:  # the last layer's prefix output is never needed
-                xp = checkpoint(block, xp, p_attn, use_reentrant=False) \
-                    if self.grad_checkpointing and self.training else block(xp, p_attn)
+                xp = self._block(block, xp, p_attn)
         return self.transformer.ln_f(xs)
 
     def forward(self, idx, attention_mask=None):
