@@ -187,12 +187,7 @@ class RunDir:
         is gone) is taken over. The same process may take it again."""
         host = socket.gethostname()
         if os.path.exists(self.lock):
-            try:
-                with open(self.lock) as f:
-                    pid, lock_host = f.read().split()
-                pid = int(pid)
-            except (OSError, ValueError):
-                pid, lock_host = None, host  # cut off mid-write: its writer died
+            pid, lock_host = self.lock_owner()
             if pid is not None and pid != os.getpid():
                 if lock_host != host:
                     raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
@@ -204,9 +199,19 @@ class RunDir:
         os.makedirs(self.path, exist_ok=True)
         write_text(self.lock, f"{os.getpid()} {host}\n")
 
+    def lock_owner(self):
+        """(pid, host) written in run.lock; (None, None) if it is gone or was cut off mid-write."""
+        try:
+            with open(self.lock) as f:
+                pid, host = f.read().split()
+            return int(pid), host
+        except (OSError, ValueError):
+            return None, None
+
     def release(self, failed=False):
-        """Drop the lock; after a failed start, remove the directory if this start made it and left nothing."""
-        if os.path.exists(self.lock):
+        """Drop the lock if this process holds it (another rank's or run's lock stays); after a failed start,
+        remove the directory if this start made it and left nothing."""
+        if self.lock_owner() == (os.getpid(), socket.gethostname()):
             os.remove(self.lock)
         if failed and self.created and not any(files for _, _, files in os.walk(self.path)):
             shutil.rmtree(self.path)

@@ -86,7 +86,7 @@ def fixed_step(cfg):
     if t.main:
         torch.save({"model": t.model.state_dict(), "value_head": t.value_head.state_dict() if t.value_head else None,
                     "metrics": m}, os.path.join(t.run_dir.path, "result.pt"))
-    t.run_dir.release()
+        t.run_dir.release()  # rank 0 claimed the run
     train.distributed.cleanup()
     return 0
 

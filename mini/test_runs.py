@@ -46,6 +46,7 @@ def test_a_live_process_owns_its_run(tiny, tmp_path, two_steps, capsys):
         RunDir(str(tmp_path), "r").take_lock()
         (two_steps / "run.lock").write_text(f"{sleeper.pid} {os.uname().nodename}\n")
         before = files_of(two_steps)
+        RunDir(str(tmp_path), "r").release()  # another process's lock (a rank's, a run's) stays
         fails_with(capsys, args(tiny, tmp_path, "r", 4, "--auto_resume"), f"in use by a running process, PID {sleeper.pid}")
         assert files_of(two_steps) == before
         (two_steps / "run.lock").write_text(f"{sleeper.pid} elsewhere\n")
