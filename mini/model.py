@@ -130,8 +130,7 @@ class GPT(nn.Module):
         past = 0 if cache is None else cache.n_real[:, None]  # real tokens already in the cache
         pos = (past + mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
         if cache is None:
-            if pos.max() >= self.config.n_positions:  # generate checks lengths up front
-                raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
+            self._check_positions(pos)  # generate checks lengths up front
             cols, key_mask = torch.arange(T, device=idx.device), mask  # (T,), (B, T)
         else:  # tensors only (col, n_real), updated in place: a decode step is the same graph every token
             cols = cache.col + torch.arange(T, device=idx.device)  # (T,) columns of idx in the cache
@@ -147,6 +146,11 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = self._block(block, x, attn_mask) if cache is None else block(x, attn_mask, (cache.k[i], cache.v[i], cols))
         return self.transformer.ln_f(x)
+
+    def _check_positions(self, pos):
+        """One sentence rather than an index error deep inside wpe."""
+        if pos.max() >= self.config.n_positions:
+            raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
 
     def _block(self, block, x, attn_mask, prefix=None):
         """One block of a forward without a KV cache, recomputed in the backward pass (gradient
@@ -174,8 +178,7 @@ class GPT(nn.Module):
         S, Ts = start, T - start
         p_pos = (p_mask.long().cumsum(1) - 1).clamp(min=0)  # (U, S)
         s_pos = (p_mask.sum(1)[rows, None] + s_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, Ts)
-        if s_pos.max() >= self.config.n_positions:
-            raise ValueError(f"sequence needs position {int(s_pos.max())} but the model has {self.config.n_positions}")
+        self._check_positions(s_pos)
         # the masks of hidden(): real keys up to the query, and the query itself
         causal = lambda n: torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
         eye = lambda n: torch.eye(n, dtype=torch.bool, device=idx.device)

@@ -86,6 +86,17 @@ def test_completion_hidden_equals_hidden_with_shared_prefixes(checkpointing):
     assert torch.equal(m.completion_hidden(ids, mask, 0), m.hidden(ids, mask))  # no prefix: the plain forward
 
 
+def test_a_sequence_past_the_last_position_is_one_sentence():
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=50))
+    fits, mask = torch.zeros(2, 10, dtype=torch.long), torch.ones(2, 10)
+    mask[:, :2] = 0  # left padding takes no position: 8 real tokens fit
+    assert m.hidden(fits, mask).shape == (2, 10, 16) and m.completion_hidden(fits, mask, 4).shape == (2, 6, 16)
+    one_over = fits[:, 1:]  # 9 real tokens: positions 0..8
+    for run in (lambda: m.hidden(one_over), lambda: m.completion_hidden(one_over, torch.ones(2, 9), 4)):
+        with pytest.raises(ValueError, match="sequence needs position 8 but the model has 8"):
+            run()
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
