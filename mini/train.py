@@ -454,6 +454,9 @@ class Trainer:
                 self.source.close()
             if self.main:
                 self.run_dir.release()
+            # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
+            # group, rather than whenever the garbage collector reaches this trainer
+            self.ddp = None
 
     def loop(self):
         """Steps until --steps, the time limit or a signal; a progress bar where the output is a terminal."""
