@@ -186,16 +186,15 @@ class RunDir:
         """run.lock with "pid host"; one held by a live process is refused, a stale one (its process
         is gone) is taken over. The same process may take it again."""
         host = socket.gethostname()
-        if os.path.exists(self.lock):
-            pid, lock_host = self.lock_owner()
-            if pid is not None and pid != os.getpid():
-                if lock_host != host:
-                    raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
-                                   "is over, delete the lock file, else pick another --run_name")
-                if pid_alive(pid):
-                    raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
-                                   "to end, or pick another --run_name")
-                print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
+        pid, lock_host = self.lock_owner()
+        if pid is not None and pid != os.getpid():
+            if lock_host != host:
+                raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
+                               "is over, delete the lock file, else pick another --run_name")
+            if pid_alive(pid):
+                raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
+                               "to end, or pick another --run_name")
+            print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
         os.makedirs(self.path, exist_ok=True)
         write_text(self.lock, f"{os.getpid()} {host}\n")
 

@@ -87,6 +87,7 @@ def fixed_step(cfg):
         torch.save({"model": t.model.state_dict(), "value_head": t.value_head.state_dict() if t.value_head else None,
                     "metrics": m}, os.path.join(t.run_dir.path, "result.pt"))
         t.run_dir.release()  # rank 0 claimed the run
+    del t  # its DDP wrapper goes before the process group, as at the end of Trainer.run
     train.distributed.cleanup()
     return 0
 
