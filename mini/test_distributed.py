@@ -1,6 +1,7 @@
 """torchrun on CPU (2 gloo processes, tiny model): one step on a fixed global batch equals the step of one
 process on the same batch; a 2-process run killed with SIGKILL and resumed ends where an uninterrupted one
-does; a batch that does not divide among the ranks is one sentence.
+does (and Trainer.run frees its DDP wrapper before the process group goes); a batch that does not divide
+among the ranks is one sentence.
 
     python mini/test_distributed.py
 """
@@ -56,7 +57,15 @@ def worker(mode, argv):
         nan_here = os.environ.get("NAN_ON_RANK_1") and os.environ.get("RANK") == "1"  # rolls every rank back
         install_test_hooks(mp, nan_call=2 if nan_here else None,
                            kill_after_step=int(os.environ.get("KILL_AFTER_STEP", "0")) or None)
+        mp.setattr(train.Trainer, "run", run_then_check_ddp_freed)
         return train.main(argv)
+
+
+def run_then_check_ddp_freed(self, changed=None, run=train.Trainer.run):
+    """Trainer.run, then a check that it let go of its DDP wrapper: the reducer's gloo threads must end before
+    distributed.cleanup destroys the process group, not whenever the garbage collector reaches the trainer."""
+    run(self, changed)
+    assert self.ddp is None, "Trainer.run kept its DistributedDataParallel wrapper past the run"
 
 
 def assert_same_metrics(a, b):
