@@ -82,6 +82,9 @@ def load_checkpoint(path):
     weights_only: a checkpoint from elsewhere cannot run code."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist; check the path (a run's checkpoints are in "
+                         "<log_dir>/<run_name>/checkpoints)") from None
     except pickle.UnpicklingError as e:
         if zipfile.is_zipfile(path) and "Weights only load failed" in str(e):  # complete, but pickles objects
             raise ValueError(f"{path} was written by an older mini/train.py in a format that may run code when "

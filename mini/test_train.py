@@ -482,6 +482,8 @@ def test_find_batch_size_with_a_fake_memory_probe():
 
 def test_damaged_checkpoint_is_refused(tmp_path):
     path = tmp_path / "x.pt"
+    with pytest.raises(ValueError, match="x.pt does not exist"):  # not "damaged": there is nothing there
+        load_checkpoint(str(path))
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="damaged"):
         load_checkpoint(str(path))
