@@ -31,10 +31,13 @@ parse (evaluate.py measures the format), an answer without such a move is "inval
    python-chess (env_completion): chess_arbiter_all (next FEN, reward, terminated and truncated all right),
    chess_arbiter_<field>. At most --arbiter_max transitions, the first ones game by game.
 5. games against Stockfish (skipped when absent): --sf_games games at Skill Level --sf_skill with --sf_nodes
-   nodes a move, the policy White in even-numbered games; the policy plays greedily (its best guess), and an
-   illegal or unparseable move loses. chess_sf_score (1 win, 0.5 draw, 0 loss; --max_plies ends in a draw),
-   chess_sf_win/draw/loss, chess_sf_plies. Stockfish below Skill Level 20 picks among its top moves with a
-   clock-seeded random number, so these games repeat only in distribution; --sf_skill 20 is deterministic.
+   nodes a move, in pairs from the same start (the policy White, then Black): the initial position, then
+   OPENINGS in turn. The policy plays greedily (its best guess), and an illegal or unparseable move loses.
+   chess_sf_score (1 win, 0.5 draw, 0 loss; --max_plies ends in a draw), chess_sf_win/draw/loss,
+   chess_sf_plies (half-moves played from the start). At the default Skill Level 20, one thread and a fixed
+   node count Stockfish is deterministic, so a game repeats move for move and --compare pairs games. Below
+   20 it picks among its top moves with a clock-seeded random number: two runs of one greedy model gave 4.5
+   and 3.25 half-moves a game. Such games repeat only in distribution, and --compare shows them unpaired.
 
 The JSON report keeps per-item values (per position, per game) under "values" and what they are under
 "items", so --compare pairs them by index (evaluate.paired_bootstrap). Arbiter metrics are per transition
@@ -307,39 +310,49 @@ def eval_arbiter(arbiter, games, max_transitions=512):
 
 # ----------------------------------------------------------------------------- 4. games against Stockfish
 
-def stockfish_games(player, n_games, stockfish_path="", skill=0, nodes=1000, max_plies=200):
-    """n_games of the player against Stockfish (one thread, Skill Level skill, nodes per move), the player
-    White in even-numbered games; the player's moves of all games waiting for it go in one call.
-    Returns one dict per game: white (the player's colour), score (1/0.5/0 for the player), plies, end, moves."""
+def stockfish_start(i):
+    """Game i's start against Stockfish: pairs of games (the player White, then Black) from the initial
+    position, then from OPENINGS in turn."""
+    return ["initial", *OPENINGS][(i // 2) % (len(OPENINGS) + 1)]
+
+
+def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, max_plies=200):
+    """n_games of the player against Stockfish (one thread, Skill Level skill, nodes per move) from
+    stockfish_start(i), the player White in even-numbered games; the player's moves of all games waiting
+    for it go in one call. Returns one dict per game: start, white (the player's colour), score (1/0.5/0
+    for the player), plies (half-moves from the start), end, moves (from the start)."""
     engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(stockfish_path))
     try:
         engine.configure({"Threads": 1, "Skill Level": skill})
-        boards = [chess.Board() for _ in range(n_games)]
-        games = [{"white": i % 2 == 0, "score": None, "end": None, "plies": 0, "transitions": []} for i in range(n_games)]
+        starts = [stockfish_start(i) for i in range(n_games)]
+        boards = [opening_board(s) for s in starts]
+        book = [len(b.move_stack) for b in boards]  # the opening's half-moves, not counted against max_plies
+        games = [{"start": s, "white": i % 2 == 0, "score": None, "end": None, "plies": 0, "transitions": []}
+                 for i, s in enumerate(starts)]
         live = list(range(n_games))
         while live:
             for i in live:  # Stockfish moves wherever it is its turn
                 if boards[i].turn != games[i]["white"]:
                     boards[i].push(engine.play(boards[i], chess.engine.Limit(nodes=nodes), game=i).move)
-                    end_if_over(boards[i], games[i], max_plies)
+                    end_if_over(boards[i], games[i], book[i] + max_plies)
             mine = [i for i in live if games[i]["end"] is None]
             for i, text in zip(mine, player([policy_prompt(boards[i].fen()) for i in mine]), strict=True):
                 policy_turn(boards[i], text, games[i], 10 ** 9)
                 if games[i]["end"] in ("illegal", "unparseable"):
                     games[i]["score"] = 0.0
                 else:
-                    end_if_over(boards[i], games[i], max_plies)
+                    end_if_over(boards[i], games[i], book[i] + max_plies)
             live = [i for i in live if games[i]["end"] is None]
     finally:
         engine.quit()
-    for g, b in zip(games, boards):
-        g["plies"], g["moves"] = len(b.move_stack), [m.uci() for m in b.move_stack]
+    for g, b, n in zip(games, boards, book):
+        g["plies"], g["moves"] = len(b.move_stack) - n, [m.uci() for m in b.move_stack[n:]]
         del g["transitions"]
     return games
 
 
 def end_if_over(board, game, max_plies):
-    """Score a game that the last move ended: by the rules, or a draw at max_plies half-moves."""
+    """Score a game that the last move ended: by the rules, or a draw once the board holds max_plies half-moves."""
     outcome = board.outcome(claim_draw=True)
     if outcome:
         game["end"] = outcome.termination.name.lower()
@@ -422,7 +435,7 @@ def items_of(report):
     return {"mate_in_one": [r["fen"] for r in report.get("mate_in_one", [])],
             "move_quality": [r["fen"] for r in report.get("move_quality", [])],
             "selfplay": [g["start"] for g in report.get("selfplay", [])],
-            "stockfish_games": [g["white"] for g in report.get("stockfish_games", [])]}
+            "stockfish_games": [[g.get("start", "initial"), g["white"]] for g in report.get("stockfish_games", [])]}
 
 
 def quick_metrics(model, tok, n_mates=100, n_games=16, max_plies=100, temperature=0.6, top_k=5, seed=0,
@@ -444,7 +457,10 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
     for name, items in reports[0]["items"].items():
         if items and reports[1]["items"].get(name) and items != reports[1]["items"][name]:
             raise ValueError(f"the two reports' {name} items differ; run both with the same counts and data")
-    paired = paired_bootstrap(reports[0]["values"], reports[1]["values"], n_boot, seed)
+    values = [r["values"] for r in reports]
+    if any(r.get("settings", {}).get("sf_skill", 0) < 20 for r in reports):  # random games: the same index is not the same game
+        values = [{k: v for k, v in vals.items() if not k.startswith("chess_sf_")} for vals in values]
+    paired = paired_bootstrap(*values, n_boot, seed)
     unpaired = {k: (v, reports[1]["metrics"][k], reports[1]["metrics"][k] - v)
                 for k, v in reports[0]["metrics"].items() if k not in paired and k in reports[1]["metrics"]}
     return paired, unpaired
@@ -483,8 +499,8 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.6, help="self-play sampling temperature")
     p.add_argument("--top_k", type=int, default=5, help="self-play top-k")
     p.add_argument("--arbiter_max", type=int, default=512, help="A: prompts on self-play transitions (0: skip)")
-    p.add_argument("--sf_games", type=int, default=8, help="games against Stockfish (0: skip)")
-    p.add_argument("--sf_skill", type=int, default=0, help="Stockfish Skill Level (0-20)")
+    p.add_argument("--sf_games", type=int, default=18, help="games against Stockfish: 18 plays every start as each colour (0: skip)")
+    p.add_argument("--sf_skill", type=int, default=20, help="Stockfish Skill Level (0-20; below 20 random, unpaired)")
     p.add_argument("--sf_nodes", type=int, default=1000, help="Stockfish nodes per move")
     p.add_argument("--sf_depth", type=int, default=8, help="Stockfish depth of the centipawn loss")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes for the centipawn loss")

@@ -153,6 +153,36 @@ def test_stockfish_games_illegal_player_loses():
     assert ce.stockfish_values(games)["chess_sf_loss"] == [1.0, 1.0]
 
 
+@needs_stockfish
+def test_stockfish_games_repeat_from_the_openings():
+    """At Skill Level 20 a game repeats move for move, so --compare may pair games by index; games 2 and 3
+    start after the Ruy Lopez, and plies and moves count from there."""
+    def play():
+        return ce.stockfish_games(answering(first_legal), 4, STOCKFISH, nodes=50, max_plies=6)
+    games = play()
+    assert [(g["start"], g["white"]) for g in games] == [("initial", True), ("initial", False),
+                                                          ("ruy_lopez", True), ("ruy_lopez", False)]
+    board = ce.opening_board("ruy_lopez")
+    for uci in games[2]["moves"]:
+        board.push_uci(uci)  # legal from the opening's position
+    assert games[2]["moves"][0] == first_legal(ce.opening_board("ruy_lopez"))
+    assert [g["plies"] for g in games] == [6, 6, 6, 6] and {g["end"] for g in games} == {"max_plies"}
+    assert [g["moves"] for g in play()] == [g["moves"] for g in games]
+
+
+def test_compare_pairs_stockfish_games_only_when_deterministic(tmp_path):
+    report = {"suite": "chess", "metrics": {"chess_sf_plies": 2.0}, "values": {"chess_sf_plies": [1.0, 3.0]},
+              "items": {"stockfish_games": [["initial", True], ["initial", False]]}, "settings": {"sf_skill": 20}}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(report, open(paths[0], "w"))
+    json.dump(dict(report, values={"chess_sf_plies": [2.0, 6.0]}, metrics={"chess_sf_plies": 4.0}), open(paths[1], "w"))
+    paired, unpaired = ce.compare(*paths)
+    assert paired["chess_sf_plies"][:3] == (2.0, 4.0, 2.0) and not unpaired
+    json.dump(dict(report, settings={"sf_skill": 0}), open(paths[0], "w"))  # clock-seeded games: not the same games
+    paired, unpaired = ce.compare(*paths)
+    assert "chess_sf_plies" not in paired and unpaired["chess_sf_plies"] == (2.0, 4.0, 2.0)
+
+
 def test_shipped_mate_file_rechecked():
     """Independent of build_mates: every listed move mates (push and look), every other legal move does not."""
     with open(ce.MATE_PATH) as f:
