@@ -178,7 +178,8 @@ def test_compare_pairs_stockfish_games_only_when_deterministic(tmp_path):
     json.dump(dict(report, values={"chess_sf_plies": [2.0, 6.0]}, metrics={"chess_sf_plies": 4.0}), open(paths[1], "w"))
     paired, unpaired = ce.compare(*paths)
     assert paired["chess_sf_plies"][:3] == (2.0, 4.0, 2.0) and not unpaired
-    json.dump(dict(report, settings={"sf_skill": 0}), open(paths[0], "w"))  # clock-seeded games: not the same games
+    # clock-seeded games are not the same games, even from the same starts (here: an older report's items)
+    json.dump(dict(report, settings={"sf_skill": 0}, items={"stockfish_games": [True, False]}), open(paths[0], "w"))
     paired, unpaired = ce.compare(*paths)
     assert "chess_sf_plies" not in paired and unpaired["chess_sf_plies"] == (2.0, 4.0, 2.0)
 
