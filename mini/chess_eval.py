@@ -435,7 +435,7 @@ def items_of(report):
     return {"mate_in_one": [r["fen"] for r in report.get("mate_in_one", [])],
             "move_quality": [r["fen"] for r in report.get("move_quality", [])],
             "selfplay": [g["start"] for g in report.get("selfplay", [])],
-            "stockfish_games": [[g.get("start", "initial"), g["white"]] for g in report.get("stockfish_games", [])]}
+            "stockfish_games": [[g["start"], g["white"]] for g in report.get("stockfish_games", [])]}
 
 
 def quick_metrics(model, tok, n_mates=100, n_games=16, max_plies=100, temperature=0.6, top_k=5, seed=0,
@@ -502,7 +502,8 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.6, help="self-play sampling temperature")
     p.add_argument("--top_k", type=int, default=5, help="self-play top-k")
     p.add_argument("--arbiter_max", type=int, default=512, help="A: prompts on self-play transitions (0: skip)")
-    p.add_argument("--sf_games", type=int, default=18, help="games against Stockfish: 18 plays every start as each colour (0: skip)")
+    p.add_argument("--sf_games", type=int, default=2 * (len(OPENINGS) + 1),
+                   help="games against Stockfish; the default plays every start as each colour (0: skip)")
     p.add_argument("--sf_skill", type=int, default=20, help="Stockfish Skill Level (0-20; below 20 random, unpaired)")
     p.add_argument("--sf_nodes", type=int, default=1000, help="Stockfish nodes per move")
     p.add_argument("--sf_depth", type=int, default=8, help="Stockfish depth of the centipawn loss")
