@@ -26,6 +26,9 @@ P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <on
   top5_acc          |set(M: generated) & set(M: label)| / |set(M: label)|, 5 unless the position has fewer
                     legal moves (then the label itself scores 1, the published definition divides by 5)
   top5_legal        share of a completion's distinct M: moves that are legal
+  illegal_<kind>    B: is illegal for that reason (formats.illegal_kind): from (no own piece on its first
+                    square), geometry (the piece cannot make that move there), check (it leaves the own king in
+                    check); with best_legal, invalid and a non-UCI B: these add up to 1
   eval_mae          mean |E: generated - E: label| in pawns over moves in both M: lists (pooled over moves,
                     matched by move), evals clipped to +-10 pawns so that a mate (+-999.x) cannot swamp it
 A: (invalid unless four "+" fields, a FEN python-chess accepts, a number, two 0/1 flags)
@@ -56,7 +59,7 @@ from huggingface_hub.utils import tqdm
 from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
-from mini.formats import legal_ucis, parse_env, parse_policy
+from mini.formats import ILLEGAL_KINDS, illegal_kind, legal_ucis, parse_env, parse_policy
 from mini.loader import LoadError, load_model
 from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
@@ -102,6 +105,8 @@ def policy_values(s, completion):
     matched = [m for m in named if m in label]  # list, not set: a fixed order keeps the float sums reproducible
     out = [("best_legal", best in legal), ("top5_acc", len(matched) / len(label)),
            ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
+    kind = illegal_kind(s.fen, best) if best is not None else None
+    out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
         out.append(("best_acc_label" + suffix, best == s.best))
         if pv1:

@@ -94,6 +94,27 @@ def legal_ucis(fen):
     return frozenset(m.uci() for m in chess.Board(fen).legal_moves)
 
 
+ILLEGAL_KINDS = ("from", "geometry", "check")
+
+
+def illegal_kind(fen, uci):
+    """Why a UCI move is illegal in fen, one of ILLEGAL_KINDS: 'from' (no piece of the side to move on its first
+    square), 'geometry' (that piece cannot make that move there: its pattern, a blocked path, an own piece on the
+    target, a pawn's capture rule, castling without the right) or 'check' (it could, but it leaves its own king in
+    check). None when the move is legal or not UCI."""
+    board = chess.Board(fen)
+    try:
+        move = chess.Move.from_uci(uci)
+    except ValueError:
+        return None
+    if not move or board.is_legal(move):  # the null move 0000 is not a move at all
+        return None
+    piece = board.piece_at(move.from_square)
+    if piece is None or piece.color != board.turn:
+        return "from"
+    return "check" if board.is_pseudo_legal(move) else "geometry"
+
+
 def parse_policy(text):
     """'M: m1 .. E: e1 .. B: b' -> (moves, evals, best). Raises ValueError saying what is wrong."""
     m, e, b = text.find("M:"), text.find("E:"), text.find("B:")

@@ -28,7 +28,7 @@ SCRIPT = os.path.join(os.path.dirname(ev.__file__), "evaluate.py")
 def assert_perfect(metrics, skip=()):
     for k, v in metrics.items():
         if k not in skip:
-            assert v == (0.0 if k.endswith(("_invalid", "_mae")) else 1.0), k
+            assert v == (0.0 if k.endswith(("_invalid", "_mae")) or "_illegal_" in k else 1.0), k
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,8 @@ def test_labels_score_full_marks(held_out, monkeypatch):
     model = torch.nn.Linear(1, 1).train()
     metrics, completions = ev.evaluate(model, TOK, held_out, batch_size=5)
     assert completions == [s.completion for s in held_out] and model.training  # train mode restored
-    names = {f"eval_P_{k}" for k in ("invalid", "best_legal", "top5_acc", "top5_legal", "eval_mae")}
+    names = {f"eval_P_{k}" for k in ("invalid", "best_legal", "top5_acc", "top5_legal", "eval_mae", "illegal_from",
+                                     "illegal_geometry", "illegal_check")}
     names |= {f"eval_P_best_acc_{w}{side}" for w in ("label", "pv1") for side in ("", "_white", "_black")}
     names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
                                       "terminated_acc", "truncated_acc")}
@@ -107,6 +108,7 @@ def test_hand_computed():
         "eval_P_best_acc_label": 0.25, "eval_P_best_acc_label_white": 0.5, "eval_P_best_acc_label_black": 0.0,
         "eval_P_best_acc_pv1": 0.5, "eval_P_best_acc_pv1_white": 0.5, "eval_P_best_acc_pv1_black": 0.5,
         "eval_P_top5_acc": (0.4 + 0.4 + 0.2 + 0) / 4, "eval_P_top5_legal": (1 + 1 + 0.5 + 0) / 4,
+        "eval_P_illegal_geometry": 0.25, "eval_P_illegal_from": 0.0, "eval_P_illegal_check": 0.0,  # b3a3: own pawn
         "eval_P_eval_mae": (0.3 + 0 + 0 + 5.94 + 12.42) / 5,
         "eval_A_invalid": 0.25, "eval_format_valid_A": 0.75, "eval_A_next_state_exact": 0.5,
         "eval_A_levenshtein": (1 + 1 + sim + 0) / 4, "eval_A_reward_exact": 0.5, "eval_A_reward_mae": 0.499 / 3,

@@ -5,7 +5,7 @@
 import chess
 import pytest
 
-from mini.formats import env_completion, env_prompt, parse_line, policy_prompt
+from mini.formats import env_completion, env_prompt, illegal_kind, parse_line, policy_prompt
 from mini.tokenizer import Tokenizer
 
 # real lines of the published RookWorld data (the P: ones from the validation file, FEN padded to 89)
@@ -99,6 +99,21 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
 @pytest.mark.parametrize("fen,move,expected", ENV_CASES)
 def test_env_ground_truth(fen, move, expected):
     assert env_completion(fen, move, [move]) == expected
+
+
+PINNED = "4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1"  # the bishop on e2 shields its king from the rook
+
+
+@pytest.mark.parametrize("fen,move,expected", [
+    (START, "e2e4", None), (START, "e9e4", None), (START, "0000", None), (START, "Nf3", None),  # legal, not UCI
+    (START, "e3e4", "from"), (START, "e7e5", "from"),  # an empty square, the opponent's pawn
+    (START, "e2e5", "geometry"), (START, "g1g3", "geometry"), (START, "d1d3", "geometry"),  # pattern, blocked
+    (START, "b1d2", "geometry"), (START, "e1g1", "geometry"),  # onto an own pawn, castling through pieces
+    (PINNED, "e2d3", "check"), ("4k3/8/8/8/8/8/r7/4K3 w - - 0 1", "e1e2", "check"),  # a pin, into check
+    (PINNED, "e1e2", "geometry"),
+])
+def test_illegal_kind(fen, move, expected):
+    assert illegal_kind(fen, move) == expected
 
 
 if __name__ == "__main__":
