@@ -100,8 +100,9 @@ ILLEGAL_KINDS = ("from", "geometry", "check")
 def illegal_kind(fen, uci):
     """Why a UCI move is illegal in fen, one of ILLEGAL_KINDS: 'from' (no piece of the side to move on its first
     square), 'geometry' (that piece cannot make that move there: its pattern, a blocked path, an own piece on the
-    target, a pawn's capture rule, castling without the right) or 'check' (it could, but it leaves its own king in
-    check). None when the move is legal or not UCI."""
+    target, a pawn's capture rule, castling without the right or across an attacked square, which python-chess
+    never generates) or 'check' (it could, but it leaves its own king in check). None when the move is legal or
+    not UCI."""
     board = chess.Board(fen)
     try:
         move = chess.Move.from_uci(uci)

@@ -110,7 +110,7 @@ PINNED = "4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1"  # the bishop on e2 shields its kin
     (START, "e2e5", "geometry"), (START, "g1g3", "geometry"), (START, "d1d3", "geometry"),  # pattern, blocked
     (START, "b1d2", "geometry"), (START, "e1g1", "geometry"),  # onto an own pawn, castling through pieces
     (PINNED, "e2d3", "check"), ("4k3/8/8/8/8/8/r7/4K3 w - - 0 1", "e1e2", "check"),  # a pin, into check
-    (PINNED, "e1e2", "geometry"),
+    (PINNED, "e1e2", "geometry"), ("4k3/8/8/8/8/8/5r2/4K2R w K - 0 1", "e1g1", "geometry"),  # across f1
 ])
 def test_illegal_kind(fen, move, expected):
     assert illegal_kind(fen, move) == expected
