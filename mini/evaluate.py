@@ -105,7 +105,7 @@ def policy_values(s, completion):
     matched = [m for m in named if m in label]  # list, not set: a fixed order keeps the float sums reproducible
     out = [("best_legal", best in legal), ("top5_acc", len(matched) / len(label)),
            ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
-    kind = illegal_kind(s.fen, best) if best is not None else None
+    kind = illegal_kind(s.fen, best) if best is not None and best not in legal else None  # a legal move has none
     out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
         out.append(("best_acc_label" + suffix, best == s.best))

@@ -64,6 +64,7 @@ def test_env_prompt_history_forms():
 
 
 START = chess.STARTING_FEN
+PINNED = "4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1"  # the bishop on e2 shields its king from the rook
 ENV_CASES = [  # (fen, move, expected completion), checked by hand
     # castling both sides, and the rights that go with it
     ("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1", "e1g1", "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R4RK1 b kq - 1 1+0.001+0+0"),
@@ -88,7 +89,7 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
     ("8/8/8/8/8/2k5/8/K6R w - - 148 100", "h1h2", "8/8/8/8/8/2k5/7R/K7 b - - 149 100+0.001+0+0"),
     # illegal (blocked king, pinned piece) and unparsable moves: state unchanged, truncated
     (START, "e1e2", START + "+-1.0+0+1"),
-    ("4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1", "e2d3", "4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1+-1.0+0+1"),
+    (PINNED, "e2d3", PINNED + "+-1.0+0+1"),
     (START, "e9e4", START + "+-1.0+0+1"),
     (START, "0000", START + "+-1.0+0+1"),
     (START, "Nf3", START + "+-1.0+0+1"),
@@ -99,9 +100,6 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
 @pytest.mark.parametrize("fen,move,expected", ENV_CASES)
 def test_env_ground_truth(fen, move, expected):
     assert env_completion(fen, move, [move]) == expected
-
-
-PINNED = "4k3/4r3/8/8/8/8/4B3/4K3 w - - 0 1"  # the bishop on e2 shields its king from the rook
 
 
 @pytest.mark.parametrize("fen,move,expected", [
