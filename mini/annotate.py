@@ -7,7 +7,8 @@ Positions come from mini/positions.iter_positions. Random play leaves many lopsi
 search screens them: beyond --max_eval pawns a position is kept with probability 1/4 only. Each kept one
 gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
 move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
-results are cached on disk by FEN and limit.
+results, the screen's included, are cached on disk by FEN and limit, so a rerun of a cut-off build
+resumes where it stopped.
 
 Annotator.move_losses judges moves instead: the centipawn loss of (fen, move) pairs against Stockfish's best
 at the same limit (mini/chess_eval.py's move quality). Annotator.evals_after gives the eval of a position
@@ -345,7 +346,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     t0 = time.time()
     need, source, rng, positions = a.pool + a.eval, iter_positions(a.seed), random.Random(a.seed), []
-    with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, "", multipv=1) as screen:
+    with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, a.cache, multipv=1) as screen:
         while len(positions) < need:
             batch = list(itertools.islice(source, min(1000, 2 * (need - len(positions)))))
             quick = screen.annotate([fen for fen, _, _ in batch])

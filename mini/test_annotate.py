@@ -129,6 +129,21 @@ def test_build_command_writes_disjoint_files(tmp_path):
     assert meta["limit"] == "depth=4" and meta["stockfish"].startswith("Stockfish")
 
 
+@needs_stockfish
+def test_build_command_resumes_from_its_cache(tmp_path, monkeypatch):
+    """A rerun finds the screen's and the labels' searches in the cache: no engine call, the same files."""
+    args = ["--pool", "6", "--eval", "2", "--depth", "4", "--workers", "1", "--cache", str(tmp_path / "cache.jsonl"),
+            "--pool_path", str(tmp_path / "pool.jsonl"), "--eval_path", str(tmp_path / "eval.jsonl")]
+    main(args)
+    first = [open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")]
+
+    def no_engine(self, fen):
+        raise AssertionError(f"searched {fen} again")
+    monkeypatch.setattr(Annotator, "_analyse", no_engine)
+    main(args)
+    assert [open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")] == first
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
