@@ -222,6 +222,10 @@ def problems(values, checks=None):
                    f"(it is the global number of prompts per step); use a multiple of {world}")
     if v("n_embd") and v("n_head") and v("n_embd") % v("n_head"):
         out.append(f"--n_embd {v('n_embd')} must be a multiple of --n_head {v('n_head')}")
+    if v("baseline_type") == "ema" and v("scale_rewards", "group") == "group":
+        out.append("--baseline_type ema with --scale_rewards group divides a group's distance from the running mean by "
+                   "the group's own spread, so near-equal rewards far from that mean get huge advantages; "
+                   "add --scale_rewards batch or none")
     starts = [f"--{n}" for n in ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite") if v(n)]
     if len(starts) > 1:
         out.append(f"{' and '.join(starts)} say different things; use one of them")

@@ -156,10 +156,14 @@ def parse_env(text):
 
 
 def policy_sample(fen, moves, evals, best=None, history=()):
-    """P: sample; moves ranked best first when best is None (Stockfish annotations)."""
+    """P: sample; moves ranked best first when best is None (Stockfish annotations). Evals must be finite:
+    JSON readers accept NaN and Infinity, which would score every completion silently wrong."""
     best = best or moves[0]
+    evals = [float(e) for e in evals]
+    if not all(map(math.isfinite, evals)):
+        raise ValueError(f"evals {evals} are not all finite numbers")
     return Sample("P", fen, policy_prompt(fen), policy_completion(moves, evals, best),
-                  moves=list(moves), evals=[float(e) for e in evals], best=best, history=list(history))
+                  moves=list(moves), evals=evals, best=best, history=list(history))
 
 
 def env_sample(fen, move, history):

@@ -110,7 +110,9 @@ def group_advantages(rewards, k, scale_rewards="group", baseline=None, eps=1e-4)
     """GRPO outcome advantages (DeepSeekMath §4.1.2): Â_i = (r_i − b_i) / s for every token of o_i,
     b = the group mean (or the given per-row baseline (N,)), s = group std + eps, batch std + eps,
     or 1 (Dr. GRPO); stds Bessel-corrected. A group whose K rewards are equal carries no signal:
-    its advantage is exactly 0 whatever the baseline. rewards (N,) -> advantages (N,), stats."""
+    its advantage is exactly 0 whatever the baseline. Group scaling is meant for baselines near the group mean
+    (group_mean, adaptive): with the EMA, [0.9, 0.9, 0.9, 0.91] against μ = 0.53 would give Â ≈ 73, so
+    config.problems refuses that pair. rewards (N,) -> advantages (N,), stats."""
     r = rewards.float().view(-1, k)  # (G, K)
     b = r.mean(1, keepdim=True) if baseline is None else baseline.float().view(-1, k)
     std = {"group": r.std(1, keepdim=True), "batch": r.std()}  # (G, 1) or ()
@@ -308,9 +310,12 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     old_logp None: on-policy (first PPO epoch), old = current log-probs detached, so ρ = 1.
     KL: k3 needs ref_logp (or ref_logits), exact types need ref_logits; with neither it is skipped.
     Every term uses the global normalisers `norm` (default: this batch's own), so losses and
-    metrics of the micro-batches sum to those of the full batch. Returns (loss, metrics of floats)."""
+    metrics of the micro-batches sum to those of the full batch. The kl and entropy metrics are means per
+    completion token whatever the loss type, so that --target_kl and --kl_threshold mean one thing.
+    Returns (loss, metrics of floats)."""
     norm = norm or normalisers(mask)
     agg = lambda x: aggregate(x, mask, s.loss_type, norm)
+    per_token = lambda x: aggregate(x.detach(), mask, "dapo", norm).item()
     grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
     logp = token_logprobs(logits, ids, s.temperature)  # (N, T)
     pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
@@ -320,17 +325,17 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
         with grad_if(s.kl_coef):
             if s.kl_type == "k3":
                 q = ref_logp if ref_logp is not None else token_logprobs(ref_logits, ids, s.temperature)
-                kl = agg(k3_kl(logp, q))
+                kl_t = k3_kl(logp, q)  # (N, T)
             else:
-                kl = agg(exact_kl(logits, ref_logits, s.kl_type, s.temperature))
-        loss = loss + s.kl_coef * kl
-        metrics["kl"] = kl.item()
+                kl_t = exact_kl(logits, ref_logits, s.kl_type, s.temperature)
+        loss = loss + s.kl_coef * agg(kl_t)
+        metrics["kl"] = per_token(kl_t)
     with grad_if(s.entropy_coef):
-        ent = agg(entropy(logits, s.temperature))
-    loss = loss - s.entropy_coef * ent
+        ent_t = entropy(logits, s.temperature)  # (N, T)
+    loss = loss - s.entropy_coef * agg(ent_t)
     if values is not None:
         vl = value_loss(values, old_values, returns, mask, s.value_clip, s.loss_type, norm)
         loss = loss + s.value_coef * vl
         metrics["value_loss"] = vl.item()
-    metrics.update(loss=loss.item(), policy_loss=pl.item(), entropy=ent.item())
+    metrics.update(loss=loss.item(), policy_loss=pl.item(), entropy=per_token(ent_t))
     return loss, metrics

@@ -37,6 +37,7 @@ BAD = [
     (["--auto_resume"], "--auto_resume needs --run_name"),
     (["--auto_resume", "--overwrite", "--run_name", "r"], "--auto_resume and --overwrite say different things"),
     (["--run_name", "a/b"], "must be a plain name"),
+    (["--baseline_type", "ema"], "--baseline_type ema with --scale_rewards group divides"),
     (["--steps", "1.5"], "argument --steps: invalid int value: '1.5'"),
     (["--loss_type", "ppo"], "argument --loss_type: invalid choice: 'ppo'"),
     (["--k_sample", "4"], "unrecognized arguments: --k_sample 4"),  # no abbreviations

@@ -6,6 +6,7 @@ import collections
 import itertools
 import json
 import random
+import re
 from contextlib import closing
 
 import chess
@@ -56,8 +57,12 @@ def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
         load_text(str(path))
     jsonl = tmp_path / "positions.jsonl"
     with open(EVAL_PATH) as src:
-        jsonl.write_text("".join(src.readlines()[:3]) + '{"fen": "8/8')  # a cut-off last line is skipped
+        lines = src.readlines()[:3]
+    jsonl.write_text("".join(lines) + '{"fen": "8/8')  # a cut-off last line is skipped
     assert len(load_jsonl(str(jsonl))) == 2
+    jsonl.write_text("".join(lines) + re.sub(r'"evals":\[[^,]+', '"evals":[NaN', lines[2]))  # json reads NaN
+    assert len(load_jsonl(str(jsonl))) == 2
+    assert "are not all finite numbers" in capsys.readouterr().err
 
 
 def test_data_file_may_be_annotated_jsonl(tmp_path):

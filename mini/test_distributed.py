@@ -150,11 +150,14 @@ def test_torchrun_with_one_process_is_the_plain_run(tiny, tmp_path):
 
 
 def test_dynamic_sampling_metrics_of_the_ranks_merge_into_the_global_steps():
-    parts = [{"ds_rounds": 1, "ds_groups_drawn": 4, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.5},
-             {"ds_rounds": 3, "ds_groups_drawn": 12, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.25}]
+    parts = [{"ds_rounds": 1, "ds_groups_drawn": 4, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.5,
+              "ds_reward_mean_drawn": 0.5},
+             {"ds_rounds": 3, "ds_groups_drawn": 12, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.25,
+              "ds_reward_mean_drawn": 0.1}]
     # the slowest rank's rounds; groups summed; 2 + 3 of 16 groups drawn had equal rewards
     assert train.merge_sampling(parts) == {"ds_rounds": 3, "ds_groups_drawn": 16, "ds_groups_kept": 4,
-                                           "ds_zero_var_share_drawn": 5 / 16}
+                                           "ds_zero_var_share_drawn": 5 / 16,
+                                           "ds_reward_mean_drawn": pytest.approx((4 * 0.5 + 12 * 0.1) / 16)}
     assert train.merge_sampling([{}, {}]) == {} and train.merge_sampling([parts[0]]) == parts[0]
 
 

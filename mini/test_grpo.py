@@ -197,10 +197,14 @@ def test_grpo_loss_terms_and_on_policy_default():
     loss, m = grpo_loss(logits, ids, mask, adv, LossSettings(kl_type="reverse", kl_coef=0.1, entropy_coef=0.01),
                         ref_logits=ref_logits)
     assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
-    kl = aggregate(exact_kl(logits, ref_logits, "reverse"), mask)
-    ent = aggregate(entropy(logits), mask)
-    assert m["kl"] == pytest.approx(kl.item()) and m["entropy"] == pytest.approx(ent.item())
+    kl_t, ent_t = exact_kl(logits, ref_logits, "reverse"), entropy(logits)
+    kl, ent = aggregate(kl_t, mask), aggregate(ent_t, mask)
     assert loss.item() == pytest.approx(m["policy_loss"] + 0.1 * kl.item() - 0.01 * ent.item(), abs=1e-6)
+    m_dr = grpo_loss(logits, ids, mask, adv, LossSettings(kl_type="reverse", loss_type="dr_grpo"),
+                     {**normalisers(mask), "budget": 2 * mask.size(1)}, ref_logits=ref_logits)[1]
+    for metrics in (m, m_dr):  # the KL and entropy metrics are per-token means whatever the loss averages
+        assert metrics["kl"] == pytest.approx((kl_t * mask).sum().item() / mask.sum().item())
+        assert metrics["entropy"] == pytest.approx((ent_t * mask).sum().item() / mask.sum().item())
     _, m_no_ref = grpo_loss(logits, ids, mask, adv)
     assert "kl" not in m_no_ref
 

@@ -135,8 +135,9 @@ def reference_epoch(cfg, r, rewards, policy, ref, value_head, old):
         agg["value"] = mean_over_rollout(terms["value"], cfg.loss_type, cfg.max_new_tokens)
         loss = loss + cfg.value_coef * agg["value"]
     n_tokens = sum(len(x) for x in terms["clipped"])
-    metrics = {"loss": loss.item(), "policy_loss": agg["policy"].item(), "kl": agg["kl"].item(),
-               "entropy": agg["entropy"].item(), "clip_frac": sum(map(sum, terms["clipped"])) / n_tokens}
+    per_token = {k: mean_over_rollout(terms[k], "dapo", None).item() for k in ("kl", "entropy")}  # any loss type
+    metrics = {"loss": loss.item(), "policy_loss": agg["policy"].item(), **per_token,
+               "clip_frac": sum(map(sum, terms["clipped"])) / n_tokens}
     if cfg.use_gae:
         metrics["value_loss"] = agg["value"].item()
     return loss, metrics

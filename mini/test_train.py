@@ -224,8 +224,12 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, 
     """Half the prompts score a constant: dynamic sampling drops their groups, fills the batch from more
     rounds, and its loss is the loss of the same kept groups trained without it."""
     constant = lambda sample: sum(map(ord, sample.prompt)) % 2 == 0
-    monkeypatch.setattr(reward_scorer, "score", lambda sample, completion, *a, **kw: (
-        0.5 if constant(sample) else scripted_reward(completion), REAL_SCORE(sample, completion, *a, **kw)[1]))
+    drawn_rewards = []  # every scored completion, kept or dropped
+
+    def score(sample, completion, *a, **kw):
+        drawn_rewards.append(0.5 if constant(sample) else scripted_reward(completion))
+        return drawn_rewards[-1], REAL_SCORE(sample, completion, *a, **kw)[1]
+    monkeypatch.setattr(reward_scorer, "score", score)
     flags = args(tiny, tmp_path, "ds", 1, "--batch_size", "4", "--dynamic_sampling", "--dynamic_sampling_max_rounds", "6")
     trainer, trained = train.Trainer(parse_args(flags)), []
     prepare = trainer.prepare
@@ -234,6 +238,8 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, 
     r = trained[0]
     assert m["ds_rounds"] >= 2 and m["ds_groups_kept"] == 4 and m["ds_groups_drawn"] == 4 * m["ds_rounds"]
     assert m["zero_var_share"] == 0 and 0 < m["ds_zero_var_share_drawn"] < 1
+    assert len(drawn_rewards) == 4 * 3 * m["ds_rounds"]  # the trained groups' reward_mean leaves the dropped out
+    assert m["ds_reward_mean_drawn"] == pytest.approx(sum(drawn_rewards) / len(drawn_rewards))
     assert len(r.samples) == 4 * 3 and not any(constant(s) for s in r.samples)
     plain = train.Trainer(parse_args(args(tiny, tmp_path, "plain", 1, "--batch_size", "4")))
     same = train.Rollout(list(r.samples), list(r.prompts), list(r.completions), list(r.texts), scores=list(r.scores))

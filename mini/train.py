@@ -263,7 +263,7 @@ class Trainer:
         were drawn. Returns the kept groups as one rollout (the first batch_size of them, in draw order; the
         last rollout whole if none was kept, so the KL term still acts) and the sampling metrics."""
         cfg, K = self.cfg, self.cfg.k_samples
-        kept, rounds, drawn, zero_var, last = [], 0, 0, 0, None
+        kept, rounds, drawn, zero_var, reward_sum, last = [], 0, 0, 0, 0.0, None
         while len(kept) < self.local_batch and rounds < cfg.dynamic_sampling_max_rounds:
             with timer("generate"):
                 last = self.rollout()
@@ -274,13 +274,14 @@ class Trainer:
             kept += [(last, g) for g, keep in enumerate(informative) if keep]
             rounds, drawn = rounds + 1, drawn + len(informative)
             zero_var += int((~grpo.informative_groups(rewards, K)).sum())
+            reward_sum += rewards.sum().item()
         n_kept = min(len(kept), self.local_batch)
         kept = kept[:self.local_batch] or [(last, g) for g in range(self.local_batch)]
         rows = [(r, i) for r, g in kept for i in range(g * K, (g + 1) * K)]
         r = Rollout(*([getattr(r, f)[i] for r, i in rows] for f in ("samples", "prompts", "completions", "texts")),
                     scores=[r.scores[i] for r, i in rows])
         return r, {"ds_rounds": rounds, "ds_groups_drawn": drawn, "ds_groups_kept": n_kept,
-                   "ds_zero_var_share_drawn": zero_var / drawn}
+                   "ds_zero_var_share_drawn": zero_var / drawn, "ds_reward_mean_drawn": reward_sum / (drawn * K)}
 
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
@@ -688,9 +689,11 @@ def merge_sampling(parts):
     if len(parts) == 1 or not parts[0]:
         return parts[0]
     drawn = sum(p["ds_groups_drawn"] for p in parts)
+    per_group = lambda key: sum(p[key] * p["ds_groups_drawn"] for p in parts) / drawn  # a mean over drawn groups
     return {"ds_rounds": max(p["ds_rounds"] for p in parts), "ds_groups_drawn": drawn,
             "ds_groups_kept": sum(p["ds_groups_kept"] for p in parts),
-            "ds_zero_var_share_drawn": sum(p["ds_zero_var_share_drawn"] * p["ds_groups_drawn"] for p in parts) / drawn}
+            "ds_zero_var_share_drawn": per_group("ds_zero_var_share_drawn"),
+            "ds_reward_mean_drawn": per_group("ds_reward_mean_drawn")}
 
 
 def main(argv=None):
