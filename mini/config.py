@@ -151,7 +151,8 @@ class Config:
     eval_n: int = opt(100, "held-out prompts per task at each evaluation", check=at_least(1))
     eval_chess: bool = opt(False, "add chess skill to each evaluation: mate in one on 100 positions, 16 self-play games")
     log_samples: int = opt(4, "prompts, completions and rewards written to samples.jsonl per step", check=at_least(0))
-    save_every: int = opt(50, "regular checkpoint every so many steps (0: off)", check=at_least(0))
+    save_every: int = opt(50, "regular and recovery checkpoint every so many steps (0: off, and a non-finite "
+                              "step then rolls back to step 0)", check=at_least(0))
     keep_last: int = opt(3, "regular checkpoints kept (0: all)", check=at_least(0))
     resume_from_checkpoint: str = opt("", "checkpoint file to resume from")
     auto_resume: bool = opt(False, "resume this run from its latest valid checkpoint with its saved config.json "

@@ -87,7 +87,7 @@ MUTANTS = [
            "grpo.py", "exact_kl(logits, ref_logits, s.kl_type, s.temperature)", "exact_kl(logits, ref_logits, s.kl_type)",
            (REFERENCE,)),
     Mutant("entropy_penalised", "the entropy bonus becomes a penalty",
-           "grpo.py", "loss = loss - s.entropy_coef * ent", "loss = loss + s.entropy_coef * ent",
+           "grpo.py", "loss = loss - s.entropy_coef * agg(ent_t)", "loss = loss + s.entropy_coef * agg(ent_t)",
            ("mini/test_grpo.py", REFERENCE)),
     # the run: resume, recovery, stopping (mini/test_train.py)
     Mutant("kl_coef_not_restored", "the adaptive KL coefficient restarts from --kl_coef on resume",
