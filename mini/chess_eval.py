@@ -40,8 +40,10 @@ parse (evaluate.py measures the format), an answer without such a move is "inval
    and 3.25 half-moves a game. Such games repeat only in distribution, and --compare shows them unpaired.
 
 The JSON report keeps per-item values (per position, per game) under "values" and what they are under
-"items", so --compare pairs them by index (evaluate.paired_bootstrap). Arbiter metrics are per transition
-of each model's own games, which do not pair; --compare shows them without an interval.
+"items", so --compare pairs them by index (evaluate.paired_bootstrap); it refuses, in one sentence, two
+reports whose common sections differ in their items or in the settings behind them (SECTION_SETTINGS:
+--max_plies, --sf_depth, --sf_nodes, --temperature, --top_k, --max_new_tokens). Arbiter metrics are per
+transition of each model's own games, which do not pair; --compare shows them without an interval.
 train.py's periodic evaluation can call quick_metrics(model, tok): 100 mate-in-one positions and 16
 self-play games (no arbiter, no Stockfish), a flat dict of chess_* means: 58 s for a random 1-layer model on
 2 busy CPU cores, which never emits EOS and so always runs to max_new_tokens; a trained model stops at ~66.
@@ -49,6 +51,7 @@ The default suite on that model: 444 s (mate in one 325, move quality 94, self-p
 """
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -64,7 +67,7 @@ from huggingface_hub.utils import tqdm
 from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
 from mini.config import EVAL_PATH, MATE_PATH, Config, Parser, Switch, at_least, between
 from mini.dataset import shipped_keys
-from mini.evaluate import complete_texts, paired_bootstrap
+from mini.evaluate import complete_texts, load_report, paired_bootstrap
 from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.loader import LoadError, load_model
 from mini.positions import play
@@ -163,13 +166,19 @@ def write_mates(path, records, meta):
 
 
 def load_mates(path=MATE_PATH, n=None):
-    """The first n records {fen, mates, phase} of a mate-in-one file (the header skipped)."""
+    """The first n records {fen, mates, phase} of a mate-in-one file (the header skipped). ValueError in one
+    sentence when the file cannot be read, holds no position, or a position lacks its mating moves."""
+    fix = "regenerate it with python mini/chess_eval.py --build_mates"
     try:
         with open(path, encoding="utf-8") as f:
             records = [r for r in map(json.loads, f) if "fen" in r]
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); regenerate it with "
-                         "python mini/chess_eval.py --build_mates") from None
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); {fix}") from None
+    if not records:  # every metric would be a mean of nothing
+        raise ValueError(f"{path} holds no mate-in-one position; {fix}")
+    lacking = next((r["fen"] for r in records if "mates" not in r), None)
+    if lacking:  # another .jsonl of positions, such as the eval set
+        raise ValueError(f"{path} is not a mate-in-one file: position {lacking} has no 'mates' list; {fix}")
     return records[:n]
 
 
@@ -449,23 +458,37 @@ def quick_metrics(model, tok, n_mates=100, n_games=16, max_plies=100, temperatur
     return run_suite(greedy, sampler, a)["metrics"]
 
 
+# the settings each section's per-item values depend on, beside its items: --compare pairs only equal ones
+SECTION_SETTINGS = {"mate_in_one": ("max_new_tokens",), "move_quality": ("max_new_tokens", "sf_depth"),
+                    "selfplay": ("max_new_tokens", "max_plies", "temperature", "top_k"),
+                    "stockfish_games": ("max_new_tokens", "max_plies", "sf_skill", "sf_nodes")}
+
+
 def compare(before_json, after_json, n_boot=2000, seed=0):
-    """(paired rows of evaluate.paired_bootstrap, unpaired rows (before, after, delta)) of two reports."""
-    reports = [json.load(open(p)) for p in (before_json, after_json)]
-    if any(r.get("suite") != "chess" for r in reports):
-        raise ValueError("both reports must come from the chess suite (mini/chess_eval.py)")
+    """(paired rows of evaluate.paired_bootstrap, unpaired rows (before, after, delta)) of two reports. A
+    section that both reports ran must have the same items and the same SECTION_SETTINGS (those that both
+    reports record: older reports lack some), else ValueError; a metric without values is left out."""
+    reports = [load_report(p, ("suite", "values", "items", "metrics"), "chess_eval.py")
+               for p in (before_json, after_json)]
     values = [r["values"] for r in reports]
-    random_games = any(r.get("settings", {}).get("sf_skill", 0) < 20 for r in reports)
+    settings = [r.get("settings", {}) for r in reports]
+    random_games = any(s.get("sf_skill", 0) < 20 for s in settings)
     if random_games:  # below Skill Level 20 the same index is not the same game
         values = [{k: v for k, v in vals.items() if not k.startswith("chess_sf_")} for vals in values]
     for name, items in reports[0]["items"].items():
-        if name == "stockfish_games" and random_games:
-            continue
-        if items and reports[1]["items"].get(name) and items != reports[1]["items"][name]:
+        if (name == "stockfish_games" and random_games) or not (items and reports[1]["items"].get(name)):
+            continue  # not paired, or not run by both
+        if items != reports[1]["items"][name]:
             raise ValueError(f"the two reports' {name} items differ; run both with the same counts and data")
+        differ = [f"--{k} {settings[0][k]} and {settings[1][k]}" for k in SECTION_SETTINGS.get(name, ())
+                  if k in settings[0] and k in settings[1] and settings[0][k] != settings[1][k]]
+        if differ:
+            raise ValueError(f"the two reports' {name} sections ran with other settings ({', '.join(differ)}); "
+                             "run both with the same ones")
     paired = paired_bootstrap(*values, n_boot, seed)
-    unpaired = {k: (v, reports[1]["metrics"][k], reports[1]["metrics"][k] - v)
-                for k, v in reports[0]["metrics"].items() if k not in paired and k in reports[1]["metrics"]}
+    m0, m1 = (r["metrics"] for r in reports)  # an older report may hold NaN for a section with nothing in it
+    unpaired = {k: (v, m1[k], m1[k] - v) for k, v in m0.items()
+                if k not in paired and k in m1 and not math.isnan(m1[k] - v)}
     return paired, unpaired
 
 

@@ -42,7 +42,12 @@ P: move quality, with --engine_quality (needs Stockfish; skipped with a sentence
    --engine_depth/--engine_nodes, cached in --engine_cache); an invalid or illegal move loses 1000 cp and
    all of W(best). cpl (mean centipawn loss, clipped to [0, 1000]), cpl_median, winprob_loss (mean
    W(best) - W(move)), blunder (share with cpl >= 200), move_score (the engine reward's best component).
-   Positions the engine rejects are left out of these.
+   A move the engine cannot judge (it rejects the position) is None in the per-sample values, left out of
+   the means, and --compare pairs a sample only where both reports' moves were judged.
+
+--compare BEFORE AFTER re-scores the completions of two reports on the same prompts with the eval set they
+name, and refuses (one sentence) reports made on other prompts or with other --shaping, and an eval set
+that no longer holds the reports' prompts and labels.
 """
 import contextlib
 import json
@@ -125,17 +130,23 @@ def env_values(s, completion, comps):
 
 
 def quality_values(samples, completions, engine):
-    """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine."""
+    """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine;
+    a P: move the engine could not judge gets None values, so that the lists stay aligned with the P: samples."""
     out = []
-    for _, q in judge_moves(engine, samples, completions):
-        out.append([] if q is None else [("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]),
-                                         ("blunder", q["cpl"] >= BLUNDER_CP), ("move_score", q["score"])])
+    for s, (_, q) in zip(samples, judge_moves(engine, samples, completions)):
+        if s.task != "P":
+            out.append([])
+        elif q is None:
+            out.append([(k, None) for k in ("cpl", "winprob_loss", "blunder", "move_score")])
+        else:
+            out.append([("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]), ("blunder", q["cpl"] >= BLUNDER_CP),
+                        ("move_score", q["score"])])
     return out
 
 
 def per_sample_values(samples, completions, shaping="continuous", engine=None):
     """{metric name: values}, one value per sample the metric applies to (per matched move for eval_P_eval_mae).
-    engine: an EngineReward, for the move quality metrics."""
+    engine: an EngineReward, for the move quality metrics (None where the engine could not judge the move)."""
     vals = defaultdict(list)
     quality = quality_values(samples, completions, engine) if engine else [[]] * len(samples)
     for s, c, (reward, comps), q in zip(samples, completions, score_batch(samples, completions, shaping), quality,
@@ -147,13 +158,20 @@ def per_sample_values(samples, completions, shaping="continuous", engine=None):
         pairs += [(f"eval_{t}_{k}", v) for k, v in (policy_values(s, c) if t == "P" else env_values(s, c, comps))]
         pairs += [(f"eval_{t}_{k}", v) for k, v in q]
         for name, v in pairs:
-            vals[name].append(float(v))
+            vals[name].append(None if v is None else float(v))
     return dict(sorted(vals.items()))
 
 
+def known(v):
+    """The measured values of a per_sample_values list (None: the engine could not judge that move)."""
+    return [x for x in v if x is not None]
+
+
 def means(values):
-    """{metric name: mean} of per_sample_values, and the median centipawn loss when it was measured."""
-    out = {k: sum(v) / len(v) for k, v in values.items()}
+    """{metric name: mean} of per_sample_values over the measured values, and the median centipawn loss when
+    it was measured; a metric with no measured value is left out."""
+    values = {k: known(v) for k, v in values.items()}
+    out = {k: sum(v) / len(v) for k, v in values.items() if v}
     if values.get("eval_P_cpl"):
         out["eval_P_cpl_median"] = float(np.median(values["eval_P_cpl"]))
     return dict(sorted(out.items()))
@@ -205,31 +223,61 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
 
 def paired_bootstrap(before, after, n_boot=2000, seed=0):
     """Per metric of two per_sample_values dicts on the same prompts: (before, after, after - before,
-    2.5th and 97.5th percentile of the delta's bootstrap over prompts, n). Every metric of n values is
-    resampled with the same prompt draws (seeded by seed and n), so an interval does not depend on
-    which other metrics come with it. Metrics pooled over matched moves or valid completions only
-    (the MAEs) are not paired prompt by prompt and are left out."""
+    2.5th and 97.5th percentile of the delta's bootstrap over prompts, n), over the n prompts where both
+    sides have a value (None: not measured). Every metric of n pairs is resampled with the same prompt
+    draws (seeded by seed and n), so an interval does not depend on which other metrics come with it.
+    Metrics pooled over matched moves or valid completions only (the MAEs) are not paired prompt by
+    prompt and are left out, and so is a metric with no pair (an empty section), which has no mean."""
     draws, rows = {}, {}
     for k in before:
         if k.endswith("_mae") or len(before[k]) != len(after.get(k, ())):
             continue
-        n = len(before[k])
+        pairs = [(b, a) for b, a in zip(before[k], after[k]) if b is not None and a is not None]
+        n = len(pairs)
+        if n == 0:
+            continue
         if n not in draws:
             draws[n] = np.random.default_rng([seed, n]).integers(0, n, (n_boot, n))
-        d = np.array(after[k]) - np.array(before[k])
+        b, a = np.array(pairs, dtype=float).T
+        d = a - b
         boot = d[draws[n]].mean(1)
-        rows[k] = (float(np.mean(before[k])), float(np.mean(after[k])), float(d.mean()),
+        rows[k] = (float(b.mean()), float(a.mean()), float(d.mean()),
                    float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), n)
     return rows
 
 
+def load_report(path, keys, script):
+    """The JSON report in path, a dict with keys, as script (evaluate.py, chess_eval.py) writes it; ValueError
+    in one sentence naming the file when it is not one."""
+    how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not JSON ({e}); {how}") from None
+    if not isinstance(report, dict) or not all(k in report for k in keys):
+        raise ValueError(f"{path} is not {'an' if script[0] in 'aeiou' else 'a'} {script} report ({how})")
+    return report
+
+
 def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
-    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set; with an
-    EngineReward (--compare A B --engine_quality) the move quality too, from the cached evals."""
-    reports = [json.load(open(p)) for p in (before_json, after_json)]
+    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
+    was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
+    from the cached evals."""
+    reports = [load_report(p, ("data", "n_per_task", "shaping", "samples"), "evaluate.py")
+               for p in (before_json, after_json)]
     if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
         raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
-    samples = load_eval_set("" if reports[0]["data"] == EVAL_PATH else reports[0]["data"], reports[0]["n_per_task"])
+    if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
+        raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
+                         f"{reports[1]['shaping']}; evaluate both with the same --shaping")
+    data = reports[0]["data"]
+    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"])
+    stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(
+        x.get("label", s.completion) != s.completion for r in reports for s, x in zip(samples, r["samples"]))
+    if stale:  # the completions would be scored against other positions or labels
+        raise ValueError(f"{data} no longer holds the prompts and labels the reports were made on; restore it, "
+                         "or evaluate both models again")
     before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"], engine)
                      for r in reports)
     return paired_bootstrap(before, after, n_boot, seed)
@@ -298,12 +346,12 @@ def main(argv=None):
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():
-        print(f"{k:28s} {v:9.4f} {len(values.get(k, values.get(k.removesuffix('_median'), []))):6d}")
+        print(f"{k:28s} {v:9.4f} {len(known(values.get(k, values.get(k.removesuffix('_median'), [])))):6d}")
     print(f"{len(samples)} prompts in {seconds:.1f}s")
     out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
     report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
-              "metrics": metrics, "counts": {k: len(v) for k, v in values.items()},
+              "metrics": metrics, "counts": {k: len(known(v)) for k, v in values.items()},
               "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path},
               "samples": [{"task": s.task, "prompt": s.prompt, "completion": c, "label": s.completion}
                           for s, c in zip(samples, completions)]}

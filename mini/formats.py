@@ -101,19 +101,18 @@ def illegal_kind(fen, uci):
     """Why a UCI move is illegal in fen, one of ILLEGAL_KINDS: 'from' (no piece of the side to move on its first
     square), 'geometry' (that piece cannot make that move there: its pattern, a blocked path, an own piece on the
     target, a pawn's capture rule, castling without the right or across an attacked square, which python-chess
-    never generates) or 'check' (it could, but it leaves its own king in check). None when the move is legal or
-    not UCI."""
+    never generates) or 'check' (it could, but it leaves its own king in check). A move onto its own square
+    (a1a1) is 'from' or 'geometry'. None when the move is legal or not UCI (0000, e9e4, Nf3)."""
+    if not UCI.match(uci):
+        return None
     board = chess.Board(fen)
-    try:
-        move = chess.Move.from_uci(uci)
-    except ValueError:
+    move = None if uci[:2] == uci[2:4] else chess.Move.from_uci(uci)  # python-chess refuses a1a1
+    if move and board.is_legal(move):
         return None
-    if not move or board.is_legal(move):  # the null move 0000 is not a move at all
-        return None
-    piece = board.piece_at(move.from_square)
+    piece = board.piece_at(chess.parse_square(uci[:2]))
     if piece is None or piece.color != board.turn:
         return "from"
-    return "check" if board.is_pseudo_legal(move) else "geometry"
+    return "check" if move and board.is_pseudo_legal(move) else "geometry"
 
 
 def parse_policy(text):

@@ -5,6 +5,7 @@ mate-in-one file re-checked independently, the CLI end to end on a tiny random G
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -258,6 +259,60 @@ def test_compare_refuses_other_items(tmp_path):
     json.dump(dict(other, items=base["items"]), open(paths[1], "w"))
     paired, _ = ce.compare(*paths)
     assert paired["chess_mate_acc"][:3] == (0.5, 1.0, 0.5)
+
+
+def test_compare_refuses_other_settings(tmp_path):
+    """Self-play values under --max_plies 4 and 200 are not the same measurement: refused, naming the setting.
+    A setting of a section that one report did not run, or that an older report does not record, is not checked."""
+    base = {"suite": "chess", "metrics": {"chess_selfplay_plies": 2.0}, "values": {"chess_selfplay_plies": [1.0, 3.0]},
+            "items": {"selfplay": ["initial", "ruy_lopez"], "move_quality": []},
+            "settings": {"sf_skill": 20, "max_plies": 4, "sf_depth": 1, "top_k": 5}}
+    longer = dict(base, settings=dict(base["settings"], max_plies=200, sf_depth=20),
+                  values={"chess_selfplay_plies": [5.0, 9.0]}, metrics={"chess_selfplay_plies": 7.0})
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(base, open(paths[0], "w"))
+    json.dump(longer, open(paths[1], "w"))
+    with pytest.raises(ValueError, match=r"selfplay sections ran with other settings \(--max_plies 4 and 200\)"):
+        ce.compare(*paths)
+    del longer["settings"]["top_k"]  # an older report; sf_depth differs, but neither ran move quality
+    json.dump(dict(longer, settings=dict(longer["settings"], max_plies=4)), open(paths[1], "w"))
+    assert ce.compare(*paths)[0]["chess_selfplay_plies"][:3] == (2.0, 7.0, 5.0)
+
+
+def test_load_mates_refuses_a_file_without_mates(tmp_path):
+    """Another .jsonl of positions (the eval set) and a file with its header only: one sentence each, not a
+    KeyError or NaN metrics."""
+    with pytest.raises(ValueError, match="is not a mate-in-one file: position .* has no 'mates' list"):
+        ce.load_mates(EVAL_PATH, 2)
+    header_only = tmp_path / "mates.jsonl"
+    header_only.write_text('{"meta": {"n": 0}}\n')
+    with pytest.raises(ValueError, match=f"{header_only} holds no mate-in-one position; regenerate it"):
+        ce.load_mates(str(header_only))
+    assert ce.load_mates(n=2) == [json.loads(line) for line in open(ce.MATE_PATH).readlines()[1:3]]
+
+
+def test_compare_leaves_out_what_has_no_values(tmp_path):
+    """Sections with nothing in them (a report of an empty mate file, whose older mean was NaN): no row at all,
+    rather than '[+nan, +nan]'."""
+    empty = {"suite": "chess", "items": {"mate_in_one": []}, "values": {"chess_mate_acc": []},
+             "metrics": {"chess_mate_acc": float("nan"), "chess_selfplay_plies_median": 3.0}}
+    path = str(tmp_path / "empty.json")
+    json.dump(empty, open(path, "w"))
+    assert ce.compare(path, path) == ({}, {"chess_selfplay_plies_median": (3.0, 3.0, 0.0)})
+
+
+def test_compare_names_a_file_that_is_not_a_report(tmp_path):
+    chess_report = str(tmp_path / "chess.json")
+    json.dump({"suite": "chess", "metrics": {}, "values": {}, "items": {}}, open(chess_report, "w"))
+    evaluate_report = tmp_path / "eval.json"
+    evaluate_report.write_text(json.dumps({"data": EVAL_PATH, "n_per_task": 0, "shaping": "continuous", "samples": []}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match=re.escape(f"chess_eval.py: {evaluate_report} is not a chess_eval.py report "
+                                                   "(run python mini/chess_eval.py --model_path")):
+        ce.main(["--compare", chess_report, str(evaluate_report)])
+    with pytest.raises(SystemExit, match=re.escape(f"chess_eval.py: {bad} is not JSON")):
+        ce.main(["--compare", str(bad), chess_report])
 
 
 def test_quick_metrics_on_tiny_model(tiny):

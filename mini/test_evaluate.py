@@ -5,6 +5,7 @@
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import torch
 
 import mini.evaluate as ev
 from mini.config import EVAL_PATH
-from mini.formats import parse_line
+from mini.formats import legal_ucis, parse_line
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.annotate import find_stockfish
@@ -218,6 +219,92 @@ def test_compare_gives_paired_deltas_with_intervals(tmp_path):
         return
     b, a, d, lo, hi, n = ev.compare(garbage, labels, engine=engine)["eval_P_cpl"]
     assert (b, a, n) == (1000, 0, 6) and lo == hi == d == -1000  # invalid costs the cap, the label's best move 0
+
+
+def write_report(path, samples, completions, data=EVAL_PATH, shaping="continuous", labels=True):
+    """An evaluate.py report (the keys compare reads) of completions of the first half P:, second half A: samples."""
+    rows = [dict(task=s.task, prompt=s.prompt, completion=c, **({"label": s.completion} if labels else {}))
+            for s, c in zip(samples, completions)]
+    path.write_text(json.dumps({"data": data, "n_per_task": len(samples) // 2, "shaping": shaping, "samples": rows}))
+    return str(path)
+
+
+def test_compare_refuses_a_changed_eval_set(tmp_path):
+    """compare re-reads the eval set the reports name: when it no longer holds their prompts (other positions
+    first) or their labels (an eval changed), it refuses rather than score completions against other positions."""
+    with open(EVAL_PATH) as f:
+        header, *lines = f.read().splitlines(True)[:7]
+    data = tmp_path / "data.jsonl"
+    data.write_text(header + "".join(lines))
+    samples = ev.held_out_samples(3, path=str(data))
+    before = write_report(tmp_path / "before.json", samples, ["garbage"] * 6, str(data))
+    after = write_report(tmp_path / "after.json", samples, [s.completion for s in samples], str(data))
+    assert ev.compare(before, after)["eval_P_best_acc_label"][:3] == (0.0, 1.0, 1.0)
+    data.write_text(header + "".join(lines[3:] + lines[:3]))  # the same name, other positions first
+    with pytest.raises(ValueError, match=re.escape(f"{data} no longer holds the prompts and labels")):
+        ev.compare(before, after)
+    record = json.loads(lines[0])
+    record["evals"][0] -= 0.5  # the same position, another label
+    data.write_text(header + json.dumps(record) + "\n" + "".join(lines[1:]))
+    with pytest.raises(ValueError, match="no longer holds the prompts and labels"):
+        ev.compare(before, after)
+    # reports of older versions store no label: their prompts alone are checked
+    unlabelled = [write_report(tmp_path / f"{name}.json", samples, ["garbage"] * 6, str(data), labels=False)
+                  for name in ("b", "a")]
+    assert ev.compare(*unlabelled)["eval_reward"][:3] == pytest.approx((-0.3, -0.3, 0.0))
+
+
+def test_compare_refuses_other_shaping(tmp_path):
+    """The same completions scored under --shaping continuous and graduated: eval_reward would be two functions."""
+    samples = ev.held_out_samples(2)
+    completions = [s.completion for s in samples]
+    paths = [write_report(tmp_path / f"{shaping}.json", samples, completions, shaping=shaping)
+             for shaping in ("continuous", "graduated")]
+    with pytest.raises(ValueError, match="--shaping continuous and graduated"):
+        ev.compare(*paths)
+
+
+def test_compare_names_a_file_that_is_not_a_report(tmp_path):
+    """A chess_eval.py report, or a file that is not JSON: one sentence that names the file."""
+    samples = ev.held_out_samples(1)
+    good = write_report(tmp_path / "good.json", samples, ["garbage"] * 2)
+    chess = tmp_path / "chess.json"
+    chess.write_text(json.dumps({"suite": "chess", "values": {}, "items": {}, "metrics": {}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    message = f"evaluate.py: {chess} is not an evaluate.py report (run python mini/evaluate.py --model_path"
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        ev.main(["--compare", good, str(chess)])
+    with pytest.raises(ValueError, match=re.escape(f"{bad} is not JSON")):
+        ev.compare(str(bad), good)
+
+
+class FailingEngine:
+    """An EngineReward whose engine has no eval after any move (as when Stockfish crashes on a position)."""
+
+    def annotator(self):
+        return self
+
+    def evals_after(self, pairs):
+        return {p: None for p in pairs}
+
+
+def test_engine_failures_stay_aligned_with_the_samples():
+    """A move the engine cannot judge is None in its sample's place, so that paired_bootstrap pairs a sample
+    only where both sides were judged: here sample 2 alone (1000 -> 0), not [0, 1000] against [1000, 0]."""
+    samples = ev.held_out_samples(3)[:3]
+    unlabelled = lambda s: s.completion.replace(f"B: {s.best}", f"B: {min(legal_ucis(s.fen) - set(s.moves))}")
+    illegal = lambda s: s.completion.replace(f"B: {s.best}", "B: a1a1")
+    before = ev.per_sample_values(samples, [unlabelled(samples[0]), samples[1].completion, illegal(samples[2])],
+                                  engine=FailingEngine())
+    after = ev.per_sample_values(samples, [illegal(samples[0]), unlabelled(samples[1]), samples[2].completion],
+                                 engine=FailingEngine())
+    assert before["eval_P_cpl"] == [None, 0.0, 1000.0] and after["eval_P_cpl"] == [1000.0, None, 0.0]
+    assert before["eval_P_blunder"] == [None, 0.0, 1.0]
+    assert ev.paired_bootstrap(before, after)["eval_P_cpl"] == (1000.0, 0.0, -1000.0, -1000.0, -1000.0, 1)
+    m = ev.means(before)
+    assert (m["eval_P_cpl"], m["eval_P_cpl_median"], m["eval_P_blunder"]) == (500.0, 500.0, 0.5)
+    assert ev.paired_bootstrap({"m": [None, 1.0], "e": []}, {"m": [2.0, None], "e": []}) == {}  # no pair: no row
 
 
 def test_paired_bootstrap_matches_the_normal_approximation():

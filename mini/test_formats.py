@@ -109,6 +109,7 @@ def test_env_ground_truth(fen, move, expected):
     (START, "b1d2", "geometry"), (START, "e1g1", "geometry"),  # onto an own pawn, castling through pieces
     (PINNED, "e2d3", "check"), ("4k3/8/8/8/8/8/r7/4K3 w - - 0 1", "e1e2", "check"),  # a pin, into check
     (PINNED, "e1e2", "geometry"), ("4k3/8/8/8/8/8/5r2/4K2R w K - 0 1", "e1g1", "geometry"),  # across f1
+    (START, "a1a1", "geometry"), (START, "e4e4", "from"), (START, "a8a8", "from"),  # onto its own square
 ])
 def test_illegal_kind(fen, move, expected):
     assert illegal_kind(fen, move) == expected
