@@ -152,12 +152,14 @@ class Config:
     eval_chess: bool = opt(False, "add chess skill to each evaluation: mate in one on 100 positions, 16 self-play games")
     log_samples: int = opt(4, "prompts, completions and rewards written to samples.jsonl per step", check=at_least(0))
     save_every: int = opt(50, "regular and recovery checkpoint every so many steps (0: off, and a non-finite "
-                              "step then rolls back to step 0)", check=at_least(0))
+                              "step then rolls back to where this run started or resumed)", check=at_least(0))
     keep_last: int = opt(3, "regular checkpoints kept (0: all)", check=at_least(0))
-    resume_from_checkpoint: str = opt("", "checkpoint file to resume from")
+    resume_from_checkpoint: str = opt("", "checkpoint file to resume from, with the settings saved in it (flags given "
+                                      "may change only those in config.RESUMABLE)")
     auto_resume: bool = opt(False, "resume this run from its latest valid checkpoint with its saved config.json "
                             "(a new run when its directory does not exist yet)")
-    recovery_mode: bool = opt(False, "start from this run's recovery checkpoint")
+    recovery_mode: bool = opt(False, "resume this run from its recovery checkpoint (the last known-good state) with "
+                              "its saved config.json")
     kl_threshold: float = opt(0.0, "stop the run cleanly when |KL| exceeds this (0: off)", check=at_least(0))
 
     # supervised warm start (mini/sft.py): --model_path scratch makes a new model of this shape
@@ -172,12 +174,13 @@ class Config:
 
 
 FIELDS = {f.name: f for f in fields(Config)}
+# how this process starts: always the given flags, never a saved config's (which says how an earlier process started)
+START_FLAGS = ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite")
 # flags a resumed run may change (applied and logged); every other flag defines the run and must match its config.json
 RESUMABLE = frozenset({
     "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
     "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
-    "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name", "auto_resume",
-    "recovery_mode", "resume_from_checkpoint", "overwrite"})
+    "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name"})
 
 
 def device_problem(name):
@@ -227,7 +230,7 @@ def problems(values, checks=None):
         out.append("--baseline_type ema with --scale_rewards group divides a group's distance from the running mean by "
                    "the group's own spread, so near-equal rewards far from that mean get huge advantages; "
                    "add --scale_rewards batch or none")
-    starts = [f"--{n}" for n in ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite") if v(n)]
+    starts = [f"--{n}" for n in START_FLAGS if v(n)]
     if len(starts) > 1:
         out.append(f"{' and '.join(starts)} say different things; use one of them")
     if (v("auto_resume") or v("recovery_mode")) and not v("run_name"):

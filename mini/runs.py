@@ -11,6 +11,7 @@ running code (weights_only).
                     checkpoints/   step_*.pt (the last keep_last), recovery.pt, stable.pt, debug_step_*.pt
                     final/         a Hugging Face snapshot, at the end
 """
+import contextlib
 import dataclasses
 import errno
 import glob
@@ -26,7 +27,7 @@ import zipfile
 import torch
 from tqdm.auto import tqdm
 
-from mini.config import FIELDS, RESUMABLE, Config
+from mini.config import FIELDS, RESUMABLE, START_FLAGS, Config
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # JSONL logs with a "step" per row, cut back on resume
 
@@ -116,11 +117,13 @@ def read_rows(path):
     return rows
 
 
-def resume_config(cfg, given, saved):
-    """The config of a resumed run: its saved one (`saved`, a dict from config.json), with the flags given on
-    the command line (`given`, names) applied where they may change (RESUMABLE). Returns (config, what
-    changed); a given flag that would change the run itself is a RunError listing every such flag."""
-    base = Config(**{k: v for k, v in saved.items() if k in FIELDS})  # fields added since keep their defaults
+def resume_config(cfg, given, saved, source):
+    """The config of a resumed run: its saved one (`saved`, a dict from config.json or a checkpoint), with the
+    flags given on the command line (`given`, names) applied where they may change (RESUMABLE) and the start
+    flags (START_FLAGS) always cfg's. Returns (config, what changed); a given flag that would change the run
+    itself is a RunError listing every such flag, opened by `source`, which says what the flags are held to."""
+    base = Config(**{k: v for k, v in saved.items() if k in FIELDS and k not in START_FLAGS},  # fields added since
+                  **{k: getattr(cfg, k) for k in START_FLAGS})                                 # keep their defaults
     changed, refused = {}, []
     for name in sorted(given):
         new, old = getattr(cfg, name), getattr(base, name)
@@ -131,9 +134,14 @@ def resume_config(cfg, given, saved):
         else:
             refused.append(f"--{name} {new!r} (the run has {old!r})")
     if refused:
-        raise RunError(f"--auto_resume continues the run with its own config.json, and these flags would change it: "
-                       f"{', '.join(refused)}; drop them, or start a new run with another --run_name")
+        raise RunError(f"{source}, and these flags would change it: {', '.join(refused)}; drop them or give the "
+                       "run's values, or start a new run with another --run_name")
     return dataclasses.replace(base, **{k: new for k, (_, new) in changed.items()}), changed
+
+
+def checkpoint_step(path):
+    """The step in the name of a regular checkpoint, step_<step>.pt (past 999999 it has more digits)."""
+    return int(os.path.basename(path)[len("step_"):-len(".pt")])
 
 
 def pid_alive(pid):
@@ -186,11 +194,20 @@ class RunDir:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def take_lock(self):
-        """run.lock with "pid host"; one held by a live process is refused, a stale one (its process
-        is gone) is taken over. The same process may take it again."""
+        """run.lock with "pid host", created exclusively, so that of two processes starting at once only one
+        gets it; one held by a live process is refused, a stale one (its process is gone) is removed and
+        created again. The same process may take it again."""
         host = socket.gethostname()
+        os.makedirs(self.path, exist_ok=True)
+        if self.create_lock(host):
+            return
         pid, lock_host = self.lock_owner()
-        if pid is not None and pid != os.getpid():
+        if (pid, lock_host) == (os.getpid(), host):
+            return
+        if pid is None and os.path.exists(self.lock):
+            raise RunError(f"{self.lock} names no process: another one is taking {self.path} right now, or the file "
+                           "is damaged; if no run is using it, delete the lock file, else pick another --run_name")
+        if pid is not None:  # else its owner released it a moment ago
             if lock_host != host:
                 raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
                                "is over, delete the lock file, else pick another --run_name")
@@ -198,11 +215,29 @@ class RunDir:
                 raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
                                "to end, or pick another --run_name")
             print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
-        os.makedirs(self.path, exist_ok=True)
-        write_text(self.lock, f"{os.getpid()} {host}\n")
+            with contextlib.suppress(FileNotFoundError):  # another process may be taking it over too
+                os.remove(self.lock)
+        if not self.create_lock(host):
+            raise RunError(f"{self.path} was taken by another process just now ({self.lock}); wait for it to end, "
+                           "or pick another --run_name")
+
+    def create_lock(self, host):
+        """Create run.lock holding this process's "pid host" if there is none (O_EXCL: atomic); whether it did."""
+        try:
+            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {host}\n")
+        except BaseException:  # a full disk: an empty lock would refuse every later start
+            os.remove(self.lock)
+            raise
+        return True
 
     def lock_owner(self):
-        """(pid, host) written in run.lock; (None, None) if it is gone or was cut off mid-write."""
+        """(pid, host) written in run.lock; (None, None) if it is gone or names no process (it is being written,
+        or damaged)."""
         try:
             with open(self.lock) as f:
                 pid, host = f.read().split()
@@ -240,9 +275,14 @@ class RunDir:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
 
-    def truncate_logs(self, step):
-        """Drop the rows of steps after `step` (and a cut-off last line) from the JSONL logs: they are redone
-        after a resume."""
+    def cut_back(self, step):
+        """The run goes on from `step` (a resume, a rollback): drop what it did after that step, which it will
+        redo. The rows of later steps (and a cut-off last line) leave the JSONL logs, and the regular
+        checkpoints of later steps are removed: --auto_resume would continue from them, and pruning would
+        keep them over the ones written next."""
+        for path in glob.glob(self.checkpoint("step_*.pt")):
+            if checkpoint_step(path) > step:
+                os.remove(path)
         for name in STEP_LOGS:
             path = self.file(name)
             if os.path.exists(path):
@@ -261,10 +301,12 @@ class RunDir:
         save_checkpoint(self.checkpoint(name), state)
 
     def save_regular(self, state, keep_last):
-        """step_<step>.pt, keeping the last keep_last of them (0: all)."""
-        self.save(f"step_{state['step']:06d}.pt", state)
-        regular = sorted(glob.glob(self.checkpoint("step_*.pt")))
-        for old in regular[:-keep_last] if keep_last > 0 else []:
+        """step_<step>.pt, keeping the last keep_last of them by step (0: all), and always the one just written."""
+        name = f"step_{state['step']:06d}.pt"
+        self.save(name, state)
+        regular = sorted(glob.glob(self.checkpoint("step_*.pt")), key=checkpoint_step)
+        regular.remove(self.checkpoint(name))
+        for old in (regular + [self.checkpoint(name)])[:-keep_last] if keep_last > 0 else []:
             os.remove(old)
 
     def latest_valid_checkpoint(self):

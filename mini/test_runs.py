@@ -1,15 +1,18 @@
-"""Run directories that never lose a run: one process per run, no run started over another, the saved
-config on resume, cut-off logs, .tmp leftovers, a full disk, damaged checkpoints, failed starts, and
-checkpoints that load without running code.
+"""Run directories that never lose a run: one process per run (also two starting at once), no run started
+over another, the saved config on resume (and a checkpoint's own), a run that goes back drops what it
+abandoned, cut-off logs, .tmp leftovers, a full disk, damaged checkpoints, failed starts, and checkpoints
+that load without running code.
 
     python mini/test_runs.py
 """
 import errno
 import glob
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ import torch
 
 import mini.train as train
 from mini.runs import RunDir, RunError, load_checkpoint
-from mini.test_train import args, read_jsonl, tiny  # noqa: F401  (tiny is a fixture)
+from mini.test_train import args, nan_loss_on, read_jsonl, tiny  # noqa: F401  (tiny is a fixture)
 
 
 def files_of(path):
@@ -60,6 +63,33 @@ def test_a_live_process_owns_its_run(tiny, tmp_path, two_steps, capsys):
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
 
 
+def claim_together(log_dir, barrier, outcomes):
+    """In a child process: claim the run "race" at the same moment as the other child, reading the lock's
+    owner slowly (a busy machine), and stay alive until both have tried."""
+    run = RunDir(log_dir, "race")
+    read = run.lock_owner
+    run.lock_owner = lambda: (time.sleep(0.3), read())[1]
+    barrier.wait(timeout=60)
+    try:
+        run.claim(resume=True)
+        outcomes.put("claimed")
+    except RunError as e:
+        outcomes.put(str(e))
+    barrier.wait(timeout=60)
+
+
+def test_of_two_processes_starting_at_once_one_gets_the_run(tmp_path):
+    ctx = multiprocessing.get_context("fork")  # the children need nothing but RunDir: no imports to wait for
+    barrier, outcomes = ctx.Barrier(2), ctx.Queue()
+    children = [ctx.Process(target=claim_together, args=(str(tmp_path), barrier, outcomes)) for _ in range(2)]
+    for child in children:
+        child.start()
+    got = [outcomes.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert got.count("claimed") == 1 and any("is in use by a running process" in g for g in got), got
+
+
 def test_a_run_is_never_started_over_by_accident(tiny, tmp_path, two_steps, capsys):
     before = files_of(two_steps)
     fails_with(capsys, args(tiny, tmp_path, "r", 2), "already holds a run; continue it with --auto_resume, or start "
@@ -86,6 +116,84 @@ def test_auto_resume_runs_under_the_saved_config(tiny, tmp_path, two_steps, caps
     assert json.loads((two_steps / "config.json").read_text())["steps"] == 3
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
     assert not glob.glob(str(two_steps / "**" / "*.tmp"), recursive=True)
+
+
+def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_steps, capsys):
+    """--resume_from_checkpoint runs under the checkpoint's settings, --recovery_mode under the run's config.json
+    like --auto_resume; a given flag that would change the run is refused."""
+    step2 = two_steps / "checkpoints" / "step_000002.pt"
+    before = files_of(two_steps)
+    fails_with(capsys, args(tiny, tmp_path, "c", 3, "--k_samples", "4", "--resume_from_checkpoint", str(step2)),
+               "--resume_from_checkpoint continues the run with the checkpoint's settings, and these flags would "
+               "change it: --k_samples 4 (the run has 3); drop them")
+    assert not (tmp_path / "c").exists()  # a refused start leaves no directory
+    assert train.main(["--log_dir", str(tmp_path), "--run_name", "c", "--resume_from_checkpoint", str(step2),
+                       "--steps", "3"]) == 0
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["k_samples"] == 3
+    assert [m["step"] for m in read_jsonl(tmp_path / "c" / "metrics.jsonl")] == [3]
+    config = two_steps / "config.json"
+    saved = config.read_text()
+    config.write_text(saved.replace('"lr": 0.001', '"lr": 0.5'))  # no longer the settings of its checkpoints
+    fails_with(capsys, ["--log_dir", str(tmp_path), "--run_name", "r", "--auto_resume"],
+               "was written by a run with other settings, and these flags would change it: --lr 0.5 (the run has 0.001)")
+    config.write_text(saved)
+    run = ["--log_dir", str(tmp_path), "--run_name", "r", "--recovery_mode"]
+    fails_with(capsys, run + ["--lr", "0.5"], "--recovery_mode continues the run with its own config.json, and these "
+                                               "flags would change it: --lr 0.5 (the run has 0.001)")
+    assert files_of(two_steps) == before
+    assert train.main(run + ["--steps", "3"]) == 0  # the model, sizes and objective come from config.json
+    log = (two_steps / "train.log").read_text()
+    assert f"Resumed from {two_steps / 'checkpoints' / 'recovery.pt'} at step 2" in log
+    assert "resume: --steps 2 -> 3" in log
+    assert json.loads((two_steps / "config.json").read_text())["k_samples"] == 3
+    assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_resumed_run_goes_on_from_its_own_latest_step(tiny, tmp_path, two_steps):
+    """A run started from another run's checkpoint goes on from its own with --auto_resume (config.json's start
+    flags are not obeyed again); taken back to an earlier step, it drops the checkpoints of the later ones."""
+    step2 = two_steps / "checkpoints" / "step_000002.pt"
+    assert train.main(args(tiny, tmp_path, "b", 3, "--resume_from_checkpoint", str(step2))) == 0
+    b = tmp_path / "b"
+    assert train.main(["--log_dir", str(tmp_path), "--run_name", "b", "--auto_resume", "--steps", "4"]) == 0
+    assert f"Resumed from {b / 'checkpoints' / 'step_000003.pt'} at step 3" in (b / "train.log").read_text()
+    config = json.loads((b / "config.json").read_text())
+    assert config["auto_resume"] and not config["resume_from_checkpoint"]
+    assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3, 4]
+    step3 = b / "checkpoints" / "step_000003.pt"
+    assert train.main(args(tiny, tmp_path, "b", 3, "--resume_from_checkpoint", str(step3))) == 0  # back to step 3
+    assert sorted(os.listdir(b / "checkpoints")) == ["recovery.pt", "step_000003.pt"]
+    assert RunDir(str(tmp_path), "b").latest_valid_checkpoint()[1]["step"] == 3
+    assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3]
+
+
+def test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
+    run = RunDir(str(tmp_path), "p")
+    for step in (999_998, 999_999, 1_000_000):  # a seventh digit sorts first by name
+        run.save_regular({"step": step}, keep_last=2)
+    assert sorted(os.listdir(run.ckpt_dir)) == ["step_1000000.pt", "step_999999.pt"]
+    run.save_regular({"step": 5}, keep_last=1)  # later ones, whatever left them, never push out the new one
+    assert os.listdir(run.ckpt_dir) == ["step_000005.pt"]
+
+
+def test_a_damaged_recovery_checkpoint_is_written_again_or_stops_the_rollback(tiny, tmp_path, two_steps, monkeypatch,
+                                                                              capsys):
+    """A resume skips a damaged recovery.pt and writes it again from the state it resumed, so that the next
+    rollback goes back to exactly that step; damaged during a run, a rollback stops it with one sentence."""
+    recovery = two_steps / "checkpoints" / "recovery.pt"
+    recovery.write_bytes(b"garbage")
+    monkeypatch.setattr(train, "grpo_loss", nan_loss_on({1, 3}))  # the first try of step 3, then step 4
+    finish_step = train.Trainer.finish_step
+
+    def finish_then_damage(self, m, r, tasks):
+        finish_step(self, m, r, tasks)
+        recovery.write_bytes(b"garbage")
+    monkeypatch.setattr(train.Trainer, "finish_step", finish_then_damage)
+    err = fails_with(capsys, args(tiny, tmp_path, "r", 4, "--auto_resume"),
+                     f"non-finite loss or gradient at step 3, and the rollback failed: {recovery} cannot be read")
+    assert "non-finite loss or gradient: rolled back to step 2" in (two_steps / "train.log").read_text()
+    assert "continue from the last good checkpoint with --auto_resume" in err
+    assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_every_checkpoint_damaged_stops_the_resume(tiny, tmp_path, two_steps, capsys):

@@ -413,6 +413,19 @@ def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
     assert not (tmp_path / "sig" / "run.lock").exists()
 
 
+def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypatch):
+    finish_step = train.Trainer.finish_step
+
+    def finish_then_signal(self, m, r, tasks):
+        finish_step(self, m, r, tasks)
+        if self.step == 2:
+            self.on_signal(signal.SIGTERM, None)  # as if it came while step 2 ran
+    monkeypatch.setattr(train.Trainer, "finish_step", finish_then_signal)
+    assert train.main(args(tiny, tmp_path, "last", 2)) == 0
+    assert (tmp_path / "last" / "final" / "model.safetensors").exists()
+    assert "Done: final model" in (tmp_path / "last" / "train.log").read_text()
+
+
 def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(tiny, tmp_path):
     proc = start_and_wait_for_a_step(tiny, tmp_path, "twice")
     proc.send_signal(signal.SIGINT)

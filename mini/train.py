@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed, grpo
 from mini.chess_eval import quick_metrics
-from mini.config import given_flags, parse_args
+from mini.config import FIELDS, given_flags, parse_args
 from mini.dataset import ReplayBuffer, make_sampler
 from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
@@ -431,22 +431,24 @@ class Trainer:
 
     def run(self, changed=None):
         """Resume if asked to (`changed`: the flags a resumed run changed, logged), train, save the final model."""
+        finished = False
         try:
             self.resume()
             for name, (old, new) in (changed or {}).items():
-                if name != "auto_resume":
-                    self.log(f"resume: --{name} {old!r} -> {new!r}")
+                self.log(f"resume: --{name} {old!r} -> {new!r}")
             if self.cfg.auto_batch_size and self.step == 0:  # a resumed run keeps the batch size it chose
                 self.choose_batch_size()
             self.on_main(lambda: self.run_dir.save_config(self.cfg))
-            if not distributed.from_main(os.path.exists(self.run_dir.checkpoint("recovery.pt"))):
-                self.save("recovery.pt")  # the known-good start
+            # the known-good start, also after a resume: a recovery.pt left by the earlier process may be damaged
+            # (skipped by the resume) or older than the resumed step, and a rollback must go back exactly here
+            self.save("recovery.pt")
             self.log(f"Run {self.run_dir.name}: {self.model.num_params() / 1e6:.1f}M params on {self.device}, "
                      f"{self.cfg.steps} steps of {self.cfg.batch_size} prompts x {self.cfg.k_samples}"
                      + (f", DistributedDataParallel over {self.world} rank(s)" if self.ddp else ""))
             self.loop()
             self.save_regular()
             self.on_main(lambda: self.log(f"Done: final model in {save_model(self.model, self.tok, self.run_dir.file('final'))}"))
+            finished = True
         finally:
             self.scorer.close()
             self.reporter.close()
@@ -454,7 +456,7 @@ class Trainer:
             if self.source is not None:
                 self.source.close()
             if self.main:
-                self.run_dir.release()
+                self.run_dir.release(failed=not finished)  # a refused resume leaves no empty run directory behind
             # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
             # group, rather than whenever the garbage collector reaches this trainer
             self.ddp = None
@@ -474,7 +476,7 @@ class Trainer:
                 if m is not None:
                     self.bar.update(1)
                     self.bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.4f}")
-                if distributed.any_rank(self.stop_signal):
+                if distributed.any_rank(self.stop_signal) and self.step < self.cfg.steps:  # else save as usual
                     self.log(f"{self.stop_signal or 'a signal to another rank'}: saving checkpoint at step {self.step}...")
                     self.save_regular()
                     launch = f"torchrun --nproc_per_node {self.world}" if self.world > 1 else "python"
@@ -547,7 +549,8 @@ class Trainer:
         self.on_main(lambda: self.run_dir.save_regular(state, self.cfg.keep_last))
 
     def resume(self):
-        """Pick up a checkpoint if asked to; the run's step logs are cut back to its step."""
+        """Pick up a checkpoint if asked to (one written under other settings is refused); what the run did after
+        its step is cut back."""
         cfg, path = self.cfg, None
         if cfg.resume_from_checkpoint:
             try:
@@ -558,7 +561,11 @@ class Trainer:
             path = self.run_dir.checkpoint("recovery.pt")
             if not os.path.exists(path):
                 raise StopRun(f"--recovery_mode: {path} does not exist; run without it or with --auto_resume")
-            state = load_checkpoint(path)
+            try:
+                state = load_checkpoint(path)
+            except ValueError as e:
+                raise StopRun(f"error: --recovery_mode: {e}; continue from the last good checkpoint with "
+                              "--auto_resume") from None
         elif cfg.auto_resume:  # rank 0 picks the checkpoint, the others load the same file
             found = self.run_dir.latest_valid_checkpoint() if self.main else None
             path = distributed.from_main(found[0] if found else None)
@@ -566,8 +573,9 @@ class Trainer:
                 state = found[1] if self.main else load_checkpoint(path)
         if path is None:
             return
+        resume_config(cfg, FIELDS, state["config"], f"{path} was written by a run with other settings")
         self.load_state(state)
-        self.on_main(lambda: self.run_dir.truncate_logs(self.step))
+        self.on_main(lambda: self.run_dir.cut_back(self.step))
         self.log(f"Resumed from {path} at step {self.step}")
 
     def recover(self, reason):
@@ -579,9 +587,14 @@ class Trainer:
             raise StopRun(f"{reason} at step {self.step} again after {MAX_RECOVERIES} recoveries; stopping. "
                           f"The bad state is in {self.run_dir.checkpoint(debug)}; try a lower --lr")
         lr_scale = self.lr_scale * 0.5
-        self.load_state(load_checkpoint(self.run_dir.checkpoint("recovery.pt")))
+        try:
+            state = load_checkpoint(self.run_dir.checkpoint("recovery.pt"))
+        except ValueError as e:
+            raise StopRun(f"error: {reason} at step {self.step}, and the rollback failed: {e}; continue from the last "
+                          "good checkpoint with --auto_resume") from None
+        self.load_state(state)
         self.lr_scale = lr_scale
-        self.on_main(lambda: self.run_dir.truncate_logs(self.step))
+        self.on_main(lambda: self.run_dir.cut_back(self.step))
         self.log(f"{reason}: rolled back to step {self.step}, lr scale now {self.lr_scale} "
                  f"(recovery {self.recoveries}/{MAX_RECOVERIES})")
 
@@ -696,6 +709,21 @@ def merge_sampling(parts):
             "ds_reward_mean_drawn": per_group("ds_reward_mean_drawn")}
 
 
+def saved_settings(cfg):
+    """(the settings a resume continues with, where they come from), or (None, None) for a new run: the
+    checkpoint's for --resume_from_checkpoint, the run's config.json for --auto_resume and --recovery_mode."""
+    if cfg.resume_from_checkpoint:
+        try:
+            saved = load_checkpoint(cfg.resume_from_checkpoint)["config"]
+        except ValueError as e:
+            raise RunError(f"--resume_from_checkpoint: {e}") from None
+        return saved, "--resume_from_checkpoint continues the run with the checkpoint's settings"
+    if cfg.auto_resume or cfg.recovery_mode:
+        mode = "--auto_resume" if cfg.auto_resume else "--recovery_mode"
+        return RunDir(cfg.log_dir, cfg.run_name).saved_config(), f"{mode} continues the run with its own config.json"
+    return None, None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg, changed = parse_args(argv), {}
@@ -704,9 +732,9 @@ def main(argv=None):
         if distributed.is_main():
             print(line, file=sys.stderr)
     try:
-        saved = RunDir(cfg.log_dir, cfg.run_name).saved_config() if cfg.auto_resume else None
+        saved, source = saved_settings(cfg)
         if saved is not None:
-            cfg, changed = resume_config(cfg, given_flags(argv), saved)
+            cfg, changed = resume_config(cfg, given_flags(argv), saved, source)
         Trainer(cfg).run(changed)
     except (LoadError, RunError) as e:
         say(f"error: {e}")
