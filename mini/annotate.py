@@ -7,16 +7,15 @@ Positions come from mini/positions.iter_positions. Random play leaves many lopsi
 search screens them: beyond --max_eval pawns a position is kept with probability 1/4 only. Each kept one
 gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
 move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
-results, the screen's included, are cached on disk by FEN and limit, so a rerun of a cut-off build
-resumes where it stopped.
+results, the screen's included, are cached on disk by FEN, limit and engine version, so a rerun of a cut-off
+build resumes where it stopped.
 
 Annotator.move_losses judges moves instead: the centipawn loss of (fen, move) pairs against Stockfish's best
 at the same limit (mini/chess_eval.py's move quality). Annotator.evals_after gives the eval of a position
-after a move, for the mover, cached by (FEN, move, limit) in memory and in an append-only JSONL file
-(mini/reward_scorer.py's engine move reward and evaluate.py's move quality). Every engine call goes through
+after a move, for the mover, cached by (FEN, move, limit, engine version) in memory and in an append-only JSONL
+file (mini/reward_scorer.py's engine move reward and evaluate.py's move quality). Every engine call goes through
 Annotator._with_engine (the pool, restart after a crash).
 """
-import argparse
 import itertools
 import json
 import os
@@ -32,7 +31,7 @@ import chess
 import chess.engine
 from huggingface_hub.utils import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, at_least
 from mini.formats import legal_ucis
 from mini.positions import iter_positions
 
@@ -44,13 +43,14 @@ MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
 
 def find_stockfish(path=""):
     """The Stockfish binary: the given path, else PATH, else Debian's /usr/games/stockfish; checked once per
-    process to speak UCI (answer `uci` with `uciok`), so a wrong binary is one sentence, not a hang."""
+    process to speak UCI (answer `uci` with `uciok`), so a wrong binary is one sentence, not a hang. Its
+    `id name` (Stockfish 15.1) is kept in ENGINE_NAMES."""
     found = shutil.which(path) if path else shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
     if not found:
         where = f"no executable at {path}" if path else "not on PATH nor in /usr/games"
         raise FileNotFoundError(f"Stockfish not found ({where}): install it with `apt-get install stockfish` "
                                 "or point --stockfish_path at the binary.")
-    if found not in _SPEAKS_UCI:
+    if found not in ENGINE_NAMES:
         try:
             out = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
@@ -58,11 +58,12 @@ def find_stockfish(path=""):
         if "uciok" not in out:
             raise FileNotFoundError(f"{found} is not a UCI chess engine (it did not answer `uci` with `uciok`); "
                                     "point --stockfish_path at the Stockfish binary")
-        _SPEAKS_UCI.add(found)
+        ENGINE_NAMES[found] = next((line[8:].strip() for line in out.splitlines() if line.startswith("id name ")),
+                                   "unnamed engine")
     return found
 
 
-_SPEAKS_UCI = set()
+ENGINE_NAMES = {}  # binary -> its UCI `id name`, for the binaries that speak UCI
 
 
 def to_cp(score):
@@ -124,15 +125,16 @@ class Annotator:
         # nodes and depth are deterministic with one thread and a cleared hash; time is not
         self.limit = (chess.engine.Limit(time=time_s) if time_s else chess.engine.Limit(nodes=nodes) if nodes
                       else chess.engine.Limit(depth=depth))
-        # cached results are valid for this limit only
+        # cached results are valid for this limit and this engine only: another version labels otherwise
         self.tag = f"time={time_s}" if time_s else f"nodes={nodes}" if nodes else f"depth={depth}"
+        self.engine = ENGINE_NAMES[self.path]
         self.multipv, self.cache_path, self.cache = multipv, cache_path, {}
         self.workers = workers or os.cpu_count() or 1
         self.idle = queue.Queue()  # engines not in use; None = not started yet
         for _ in range(self.workers):
             self.idle.put(None)
         for r in read_jsonl(cache_path):
-            if r.get("limit") == self.tag and r.get("multipv") == multipv:
+            if r.get("limit") == self.tag and r.get("multipv") == multipv and r.get("engine") == self.engine:
                 self.cache[r["fen"]] = (r["moves"], r["evals"])
         self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0
         self._read_move_cache()
@@ -237,7 +239,7 @@ class Annotator:
                 r = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if r.get("limit") == self.tag and "cp" in r:
+            if r.get("limit") == self.tag and r.get("engine") == self.engine and "cp" in r:
                 self.move_cache[r["fen"], r["move"]] = r["cp"]
 
     def evals_after(self, pairs):
@@ -267,7 +269,7 @@ class Annotator:
                 self.stats["rejected"] += 1
             else:
                 self.move_cache[fen, move] = cp
-                new.append({"fen": fen, "move": move, "limit": self.tag, "cp": cp})
+                new.append({"fen": fen, "move": move, "limit": self.tag, "engine": self.engine, "cp": cp})
         if new and self.move_cache_path:
             append_jsonl(self.move_cache_path, new)
         return out
@@ -280,8 +282,8 @@ class Annotator:
             for fen, (moves, evals) in zip(todo, pool.map(self._analyse, todo)):
                 self.cache[fen] = (moves, evals)
                 if self.cache_path:  # line by line, so that an interrupted run keeps what it computed
-                    append_jsonl(self.cache_path, [{"fen": fen, "limit": self.tag, "multipv": self.multipv,
-                                                    "moves": moves, "evals": evals}])
+                    append_jsonl(self.cache_path, [{"fen": fen, "limit": self.tag, "engine": self.engine,
+                                                    "multipv": self.multipv, "moves": moves, "evals": evals}])
                 bar.update()
         return {f: self.cache[f] for f in fens}
 
@@ -294,14 +296,6 @@ class Annotator:
         n = 8 * self.workers
         chunks = [self.driver.submit(self.annotate, fens[i:i + n]) for i in range(0, len(fens), n)]
         return [chunks[i // n] for i in range(len(fens))]
-
-    def version(self):
-        engine = self.idle.get()
-        try:
-            engine = engine or self._start()
-            return engine.id.get("name", "Stockfish")
-        finally:
-            self.idle.put(engine)
 
     def close(self):
         if self.driver is not None:
@@ -330,7 +324,8 @@ def write_jsonl(path, meta, positions, labels):
 
 def main(argv=None):
     cfg = Config()
-    p = argparse.ArgumentParser(description="Annotate generated positions with Stockfish; write the shipped pool and eval set.")
+    p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
+               checks={"pool": at_least(1), "eval": at_least(0)})  # else the slices below write other counts
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
@@ -355,7 +350,7 @@ def main(argv=None):
     # the positions are distinct, so the eval set and the pool are disjoint
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         labels = ann.annotate([fen for fen, _, _ in positions])
-        meta = {"stockfish": ann.version(), "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool, "eval": a.eval,
+        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool, "eval": a.eval,
                 "screen": f"depth={a.screen_depth}, |eval| > {a.max_eval} kept with p=0.25",
                 "generator": "mini.positions.iter_positions",
                 "command": "python mini/annotate.py " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -13,7 +13,7 @@ import chess
 
 from mini.annotate import Annotator
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
-from mini.formats import parse_line, policy_sample, position_key
+from mini.formats import check_policy, parse_line, policy_sample, position_key
 from mini.positions import iter_positions, random_env_sample
 
 
@@ -50,14 +50,24 @@ def read_records(path, parse, skip_bad_lines=True):
 
 
 def load_text(path, skip_bad_lines=True):
-    """RookWorld text file -> (samples, number of skipped lines)."""
-    return read_records(path, parse_line, skip_bad_lines)
+    """RookWorld text file -> (samples, number of skipped lines). A: lines take python-chess's label (parse_line);
+    how many of them it corrected is said once, on stderr."""
+    samples, bad = read_records(path, parse_line, skip_bad_lines)
+    relabelled = sum(s.relabelled for s in samples)
+    if relabelled:
+        print(f"{path}: {relabelled} A: lines had a label python-chess disagrees with (the original generator "
+              "pushed pseudo-legal moves); python-chess's labels are used", file=sys.stderr)
+    return samples, bad
 
 
 def annotated_sample(line):
-    """A line of an annotated-positions JSONL file -> P: sample; None for the header record."""
+    """A line of an annotated-positions JSONL file -> P: sample, checked as a P: text line is (check_policy);
+    None for the header record."""
     r = json.loads(line)
-    return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ())) if "fen" in r else None
+    if "fen" not in r:
+        return None
+    check_policy(r["fen"], r["moves"], r["evals"])
+    return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
 
 
 def load_jsonl(path, skip_bad_lines=True):
@@ -80,11 +90,17 @@ def held_out_keys():
     return shipped_keys((EVAL_PATH, MATE_PATH))
 
 
+def shows_held_out(sample, held_out):
+    """Whether a sample shows a held-out position: its own, or the next one its A: completion writes."""
+    return any(fen and position_key(fen) in held_out for fen in (sample.fen, sample.next_fen))
+
+
 class ReplayBuffer:
-    """Positions met during training (legal, not over), one entry per position, oldest out first."""
+    """Positions met during training (legal, not over, not held out), one entry per position, oldest out first."""
 
     def __init__(self, capacity=10000, seed=0):
         self.capacity, self.items, self.rng = capacity, OrderedDict(), random.Random(seed)
+        self.held_out = held_out_keys()  # its positions become A: prompts
 
     def add(self, fen, history=()):
         try:
@@ -92,7 +108,7 @@ class ReplayBuffer:
         except ValueError:
             return
         key = position_key(fen)
-        if key in self.items or not board.is_valid() or board.is_game_over():
+        if key in self.items or key in self.held_out or not board.is_valid() or board.is_game_over():
             return
         self.items[key] = (fen, list(history)[-9:])
         if len(self.items) > self.capacity:
@@ -118,7 +134,8 @@ class ReplayBuffer:
 
 class TaskSampler:
     """Training prompts: P: from labelled samples, A: from labelled A: lines when the source has them,
-    else python-chess transitions on the P: positions and on the replay buffer's positions."""
+    else python-chess transitions on the P: positions and on the replay buffer's positions; a transition
+    onto a held-out position is drawn again."""
 
     def __init__(self, samples, env_ratio=0.2, seed=0, buffer=None):
         self.policy = [s for s in samples if s.task == "P"]
@@ -126,10 +143,11 @@ class TaskSampler:
         if not samples:
             raise ValueError("no samples to draw training prompts from")
         self.env_ratio, self.rng, self.buffer = env_ratio, random.Random(seed), buffer
+        self.held_out = held_out_keys()
 
     def draw(self, n):
         out = []
-        for _ in range(n):
+        while len(out) < n:
             if self.policy and self.rng.random() >= self.env_ratio:
                 out.append(self.rng.choice(self.policy))
             elif self.env:
@@ -140,7 +158,9 @@ class TaskSampler:
                 else:
                     s = self.rng.choice(self.policy)
                     fen, history = s.fen, s.history
-                out.append(random_env_sample(fen, history, self.rng))
+                s = random_env_sample(fen, history, self.rng)
+                if position_key(s.next_fen) not in self.held_out:  # its completion must not show one
+                    out.append(s)
         return out
 
     def state_dict(self):
@@ -186,13 +206,15 @@ class StreamSampler:
 
     def draw(self, n):
         out = []
-        for _ in range(n):
+        while len(out) < n:
             if self.recent and self.rng.random() < self.env_ratio:
                 if self.buffer is not None and len(self.buffer) and self.rng.random() < 0.5:
                     fen, history = self.buffer.sample(1)[0]
                 else:
                     fen, history = self.rng.choice(self.recent)
-                out.append(random_env_sample(fen, history, self.rng))
+                s = random_env_sample(fen, history, self.rng)
+                if position_key(s.next_fen) not in self.held_out:  # its completion must not show one: drawn again
+                    out.append(s)
             else:
                 out.append(self._next_policy())
         return out
@@ -229,7 +251,7 @@ def make_sampler(cfg, buffer=None, rank=0):
         else:
             samples = load_text(cfg.data_file, cfg.skip_bad_lines)[0]
         held_out = held_out_keys()
-        samples = [s for s in samples if position_key(s.fen) not in held_out]
+        samples = [s for s in samples if not shows_held_out(s, held_out)]
         if not samples:
             raise ValueError(f"{cfg.data_file}: every position in it is a held-out eval or mate-in-one position")
     else:

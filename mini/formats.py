@@ -52,6 +52,8 @@ class Sample:
     reward: float = 0.0
     terminated: int = 0
     truncated: int = 0
+    # an A: text line whose own label python-chess corrected (parse_line); not part of the sample's content
+    relabelled: bool = field(default=False, compare=False)
 
 
 # ----------------------------------------------------------------------------- formats
@@ -76,14 +78,11 @@ def env_prompt(fen, move, history):
 def env_completion(fen, move, history=()):
     """Ground truth of the A: task. history (which ends with move) cannot change the result:
     fivefold repetition needs more than the 10 half-moves the format carries."""
-    board = chess.Board(fen)
-    try:
-        m = chess.Move.from_uci(move)
-    except ValueError:
-        m = None
-    if m is None or m not in board.legal_moves:  # illegal or unparsable: state unchanged, episode cut
+    # legal_ucis, not board.legal_moves: python-chess also accepts castling written king-takes-rook (e1h1)
+    if move not in legal_ucis(fen):  # illegal or unparsable: state unchanged, episode cut
         return f"{fen}+-1.0+0+1"
-    board.push(m)
+    board = chess.Board(fen)
+    board.push_uci(move)
     outcome = board.outcome()
     reward = 1.0 if board.is_checkmate() else 0.5 if outcome else 0.001
     return f"{board.fen()}+{reward}+{int(outcome is not None)}+0"
@@ -91,6 +90,8 @@ def env_completion(fen, move, history=()):
 
 @lru_cache(maxsize=4096)  # the k completions of a group share their position
 def legal_ucis(fen):
+    """The legal moves in standard UCI (castling e1g1, never king-takes-rook e1h1): the one legality rule of
+    every reward, the A: ground truth and self-play."""
     return frozenset(m.uci() for m in chess.Board(fen).legal_moves)
 
 
@@ -102,17 +103,16 @@ def illegal_kind(fen, uci):
     square), 'geometry' (that piece cannot make that move there: its pattern, a blocked path, an own piece on the
     target, a pawn's capture rule, castling without the right or across an attacked square, which python-chess
     never generates) or 'check' (it could, but it leaves its own king in check). A move onto its own square
-    (a1a1) is 'from' or 'geometry'. None when the move is legal or not UCI (0000, e9e4, Nf3)."""
-    if not UCI.match(uci):
+    (a1a1) is 'from' or 'geometry'; castling written king-takes-rook (e1h1) is 'geometry' (the king onto its own
+    rook). None when the move is legal (legal_ucis) or not UCI (0000, e9e4, Nf3)."""
+    if not UCI.match(uci) or uci in legal_ucis(fen):
         return None
     board = chess.Board(fen)
-    move = None if uci[:2] == uci[2:4] else chess.Move.from_uci(uci)  # python-chess refuses a1a1
-    if move and board.is_legal(move):
-        return None
     piece = board.piece_at(chess.parse_square(uci[:2]))
     if piece is None or piece.color != board.turn:
         return "from"
-    return "check" if move and board.is_pseudo_legal(move) else "geometry"
+    # by UCI text, not board.is_pseudo_legal, which takes e1h1 for castling
+    return "check" if uci in {m.uci() for m in board.pseudo_legal_moves} else "geometry"
 
 
 def parse_policy(text):
@@ -181,21 +181,34 @@ def _board(fen):
         raise ValueError(f"bad FEN {fen[:90]!r}: {e}") from None
 
 
+def check_policy(fen, moves, evals, best=None):
+    """Raises ValueError saying what is wrong with a P: label, wherever it was read from (a text line, a JSONL
+    record): a FEN python-chess does not accept, other than 1 to 5 moves or one eval per move, an illegal move,
+    a B: move (text lines have one) not among the moves."""
+    _board(fen)
+    if not isinstance(moves, list) or not 1 <= len(moves) <= 5:
+        raise ValueError("needs a list of 1 to 5 moves")
+    if not isinstance(evals, list) or len(evals) != len(moves):
+        raise ValueError(f"{len(moves)} moves need {len(moves)} evals, got {evals!r:.40}")
+    for x in moves:
+        if x not in legal_ucis(fen):
+            raise ValueError(f"move {x} is illegal in the position")
+    if best is not None and best not in moves:
+        raise ValueError(f"B: move {best} is not among the M: moves")
+
+
 def parse_line(text):
-    """One RookWorld text line (P:, or A: with or without its prefix) -> Sample with the line's labels."""
+    """One RookWorld text line (P:, or A: with or without its prefix) -> Sample. A P: line keeps its labels; an
+    A: line is labelled by python-chess (env_sample), because the original generator pushed pseudo-legal moves
+    unchecked, so a line's own next FEN, reward or flags can be wrong: relabelled says the line's differed."""
     text = text.strip()
     if text.startswith("P:"):
         m = text.find("M:")
         if m < 0:
             raise ValueError("P: line without 'M:'")
         fen = text[2:m].strip()
-        _board(fen)
         moves, evals, best = parse_policy(text[m:])
-        for x in moves:
-            if x not in legal_ucis(fen):
-                raise ValueError(f"move {x} is illegal in the position")
-        if best not in moves:
-            raise ValueError(f"B: move {best} is not among the M: moves")
+        check_policy(fen, moves, evals, best)
         s = policy_sample(fen, moves, evals, best)
         s.completion = " " + text[m:]  # the line's own spacing
         return s
@@ -204,15 +217,17 @@ def parse_line(text):
         raise ValueError(f"neither a P: line nor an A: line with 7 '+' fields (got {len(parts)})")
     fen, move, history = parts[0].strip(), parts[1].strip(), parts[2].split()
     _board(fen)
-    completion = "+".join(p.strip() for p in parts[3:])
-    next_fen, reward, terminated, truncated = parse_env(completion)
-    return Sample("A", fen, env_prompt(fen, move, history), completion, history=history, move=move,
-                  next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
+    own = parse_env("+".join(parts[3:]))  # a malformed label still makes a bad line
+    s = env_sample(fen, move, history)
+    s.relabelled = own != (s.next_fen, s.reward, s.terminated, s.truncated)
+    return s
 
 
 def position_key(fen):
-    """Placement, side, castling, en passant: the same position with other move counters is a duplicate."""
-    return " ".join(fen.split()[:4])
+    """Placement, side, castling, en passant as python-chess writes them (the en passant square only where a
+    capture there is legal, castling rights only with their rooks home), so the same position written another
+    way or with other move counters is a duplicate. Raises ValueError on a FEN python-chess does not accept."""
+    return " ".join(chess.Board(fen).fen().split()[:4])
 
 
 # ----------------------------------------------------------------------------- training sources

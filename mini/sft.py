@@ -37,8 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import parse_args
-from mini.dataset import ReplayBuffer, held_out_keys, make_sampler
-from mini.formats import position_key
+from mini.dataset import ReplayBuffer, make_sampler
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
@@ -52,27 +51,20 @@ FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocab
 
 
 class SFTData:
-    """Endless training samples of the configured mix, none on a held-out position."""
+    """Endless training samples of the configured mix, none on a held-out position (the sampler draws
+    none, the replay buffer takes none)."""
 
     def __init__(self, cfg):
-        self.held_out = held_out_keys()  # the eval and mate-in-one test sets
         self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
         self.sampler = make_sampler(cfg, self.buffer)  # leaves held-out positions out
         self.positions = iter_positions(cfg.seed)
 
-    def clean(self, *fens):
-        return not any(fen and position_key(fen) in self.held_out for fen in fens)
-
     def batch(self, n):
         fen, history, _ = next(self.positions)  # one fresh generated position per batch (~10 ms)
-        if self.clean(fen):
-            self.buffer.add(fen, history)
-        out = []
-        while len(out) < n:
-            for s in self.sampler.draw(n - len(out)):
-                if self.clean(s.fen, s.next_fen):  # next_fen: an A: completion must not show one either
-                    out.append(s)
-                    self.buffer.add_next(s)  # walks games on, so A: positions keep changing
+        self.buffer.add(fen, history)
+        out = self.sampler.draw(n)
+        for s in out:
+            self.buffer.add_next(s)  # walks games on, so A: positions keep changing
         return out
 
 

@@ -85,6 +85,35 @@ def test_cache_by_fen_and_limit(tmp_path):
 
 
 @needs_stockfish
+def test_cache_is_by_engine_version(tmp_path):
+    """Another Stockfish labels otherwise: a shared cache's labels from another version are not reused."""
+    cache = str(tmp_path / "cache.jsonl")
+    record = {"fen": FENS[0], "limit": f"depth={DEPTH}", "multipv": 5, "moves": ["a2a3"], "evals": [0.1]}
+    append_jsonl(cache, [{**record, "engine": "Stockfish 11"}, {**record, "fen": FENS[1]}])  # another, none named
+    assert not Annotator(depth=DEPTH, workers=1, cache_path=cache).cache
+    append_jsonl(cache, [{**record, "engine": open_engine_name()}])
+    assert Annotator(depth=DEPTH, workers=1, cache_path=cache).cache == {FENS[0]: (["a2a3"], [0.1])}
+
+
+def open_engine_name():
+    """The installed Stockfish's UCI name, asked directly."""
+    engine = chess.engine.SimpleEngine.popen_uci(STOCKFISH)
+    try:
+        return engine.id["name"]
+    finally:
+        engine.quit()
+
+
+def test_build_command_refuses_counts_that_write_wrong_files(tmp_path, capsys):
+    paths = ["--cache", "", "--pool_path", str(tmp_path / "pool.jsonl"), "--eval_path", str(tmp_path / "eval.jsonl")]
+    for flags, what in [(["--pool", "3", "--eval", "-1"], "--eval -1 must be at least 0"),
+                        (["--pool", "0"], "--pool 0 must be at least 1")]:
+        with pytest.raises(SystemExit) as stop:
+            main(flags + paths)  # paths: were the check gone, the shipped files stay whole
+        assert stop.value.code == 2 and capsys.readouterr().err.strip().endswith(what)
+
+
+@needs_stockfish
 def test_engine_crash_is_restarted():
     with Annotator(depth=DEPTH, workers=1, cache_path="") as ann:
         ann.annotate(FENS[:1])

@@ -16,10 +16,10 @@ from mini.annotate import Annotator
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, ReplayBuffer, StreamSampler, TaskSampler, held_out_keys, load_jsonl,
                           load_text, make_sampler)
-from mini.formats import env_completion, legal_ucis, parse_line, position_key
+from mini.formats import env_completion, env_sample, legal_ucis, parse_line, policy_sample, position_key
 from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.test_annotate import needs_stockfish
-from mini.test_formats import A_LINES, P_LINES, START
+from mini.test_formats import A_LINES, P_LINES, PINNED, START
 
 def test_malformed_lines_say_what_is_wrong(tmp_path):
     bad = {
@@ -83,6 +83,43 @@ def test_a_data_file_never_yields_a_held_out_position(tmp_path):
         make_sampler(Config(data_source="file", data_file=str(path)))
 
 
+def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_path):
+    """eval.jsonl writes '-' after d2d4 (no black pawn can take on d3), FEN's standard writes d3: one position."""
+    held_out = next(s for s in load_jsonl(EVAL_PATH) if s.fen == "1rbq1rk1/pppp1ppp/7n/3N4/2nPB3/P3P3/P1P3PP/R1BQ1RK1 b - - 0 11")
+    same = policy_sample(held_out.fen.replace(" b - - ", " b - d3 "), held_out.moves, held_out.evals)
+    pool = load_jsonl(POOL_PATH)[0]
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(s.prompt + s.completion + "\n" for s in (same, pool)))
+    assert [s.fen for s in make_sampler(Config(data_source="file", data_file=str(path))).policy] == [pool.fen]
+
+
+def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
+    good = {"fen": START, "moves": ["e2e4", "d2d4"], "evals": [0.3, 0.2]}
+    bad = [({"fen": "not a fen", "moves": ["e2e4"], "evals": [0.1]}, "bad FEN"),
+           ({"fen": START, "moves": ["e2e5", "d2d4"], "evals": [0.3, 0.2]}, "move e2e5 is illegal"),
+           ({"fen": START, "moves": ["e2e4", "d2d4", "g1f3"], "evals": [0.3]}, "3 moves need 3 evals"),
+           ({"fen": "8/8/8/8/8/8/8/8 w - - 0 1", "moves": ["e2e4"], "evals": [0.1]}, "move e2e4 is illegal"),  # no pieces
+           ({"fen": START, "moves": ["e2e4", "d2d4", "g1f3", "b1c3", "c2c4", "g2g3"], "evals": [0.0] * 6}, "1 to 5 moves"),
+           ({"fen": START, "moves": [], "evals": []}, "1 to 5 moves")]
+    path = tmp_path / "positions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"meta": {}}, good] + [r for r, _ in bad]))
+    assert [(s.fen, s.moves, s.best) for s in load_jsonl(str(path))] == [(START, ["e2e4", "d2d4"], "e2e4")]
+    err = capsys.readouterr().err.splitlines()
+    assert [line.startswith(f"{path}:{i}: ") and what in line for i, (line, (_, what)) in enumerate(zip(err, bad), 3)] == [True] * 6
+    with pytest.raises(ValueError, match=f"{path}:3: bad FEN"):
+        load_jsonl(str(path), skip_bad_lines=False)
+
+
+def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):
+    wrong = f"A: {PINNED}+e2d3+e2d3+4k3/4r3/8/8/8/3B4/8/4K3 b - - 1 1+0.001+0+0"  # a pinned bishop moved
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join([wrong, A_LINES[0], wrong]) + "\n")
+    samples, _ = load_text(str(path))
+    assert [s.completion for s in samples] == [PINNED + "+-1.0+0+1", A_LINES[0].split("+", 3)[3], PINNED + "+-1.0+0+1"]
+    assert capsys.readouterr().err == (f"{path}: 2 A: lines had a label python-chess disagrees with (the original "
+                                       "generator pushed pseudo-legal moves); python-chess's labels are used\n")
+
+
 def phase_of(board):
     """Independent of how the generator labels them: pieces for endgames, move number for openings."""
     if len(board.piece_map()) < 14:
@@ -139,6 +176,20 @@ def test_replay_buffer():
     assert list(nxt.items.values())[1][1][-1] == "a3c5"
 
 
+def test_no_training_prompt_shows_a_held_out_position():
+    """A pool position one move (a8b8) from an eval position: the replay buffer refuses the eval position, and an
+    A: prompt of that move is drawn again, so neither an A: prompt nor an A: completion shows it."""
+    fen = "r1bqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R b KQkq - 1 4"
+    held_out = held_out_keys()
+    assert position_key("1rbqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R w KQk - 2 5") in held_out
+    buf = ReplayBuffer()
+    buf.add("1rbqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R w KQk - 2 5")
+    buf.add_next(env_sample(fen, "a8b8", ["a8b8"]))  # train.py adds every drawn sample's next position
+    assert len(buf) == 0
+    draws = TaskSampler([policy_sample(fen, ["a8b8"], [0.0])], env_ratio=1.0, seed=0, buffer=buf).draw(300)
+    assert len(draws) == 300 and "a8b8" not in {s.move for s in draws}
+
+
 def test_shipped_pool_and_eval():
     pool, held_out = load_jsonl(POOL_PATH), load_jsonl(EVAL_PATH)
     assert len(pool) >= 5000 and len(held_out) == 500
@@ -153,7 +204,7 @@ def test_shipped_pool_and_eval():
 
 
 def test_task_sampler_mix():
-    pool = load_jsonl(EVAL_PATH)
+    pool = load_jsonl(POOL_PATH)
 
     def draw():
         buf = ReplayBuffer(seed=0)
@@ -161,8 +212,8 @@ def test_task_sampler_mix():
         return TaskSampler(pool, env_ratio=0.25, seed=0, buffer=buf).draw(400)
 
     draws = draw()
-    assert sum(s.task == "A" for s in draws) == 105  # seed 0: 26% A: tasks for a ratio of 0.25
-    assert sum(s.fen == START for s in draws) == 55  # about half of them on the buffer's position
+    assert sum(s.task == "A" for s in draws) == 100  # seed 0: 25% A: tasks for a ratio of 0.25
+    assert sum(s.fen == START for s in draws) == 50  # about half of them on the buffer's position
     for s in draws:
         if s.task == "A":
             assert s.completion == env_completion(s.fen, s.move, s.history)

@@ -5,7 +5,7 @@
 import chess
 import pytest
 
-from mini.formats import env_completion, env_prompt, illegal_kind, parse_line, policy_prompt
+from mini.formats import env_completion, env_prompt, illegal_kind, parse_line, policy_prompt, position_key
 from mini.tokenizer import Tokenizer
 
 # real lines of the published RookWorld data (the P: ones from the validation file, FEN padded to 89)
@@ -94,6 +94,9 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
     (START, "0000", START + "+-1.0+0+1"),
     (START, "Nf3", START + "+-1.0+0+1"),
     (START, "", START + "+-1.0+0+1"),
+    # castling written king-takes-rook: python-chess's legal_moves accepts it, the one rule (legal_ucis) does not
+    ("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1", "e1h1", "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1+-1.0+0+1"),
+    ("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R b KQkq - 0 1", "e8a8", "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R b KQkq - 0 1+-1.0+0+1"),
 ]
 
 
@@ -110,9 +113,31 @@ def test_env_ground_truth(fen, move, expected):
     (PINNED, "e2d3", "check"), ("4k3/8/8/8/8/8/r7/4K3 w - - 0 1", "e1e2", "check"),  # a pin, into check
     (PINNED, "e1e2", "geometry"), ("4k3/8/8/8/8/8/5r2/4K2R w K - 0 1", "e1g1", "geometry"),  # across f1
     (START, "a1a1", "geometry"), (START, "e4e4", "from"), (START, "a8a8", "from"),  # onto its own square
+    ("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1", "e1h1", "geometry"),  # castling written king-takes-rook
+    ("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1", "e1a1", "geometry"),
 ])
 def test_illegal_kind(fen, move, expected):
     assert illegal_kind(fen, move) == expected
+
+
+
+def test_an_a_line_is_labelled_by_python_chess():
+    """The original generator pushed pseudo-legal moves unchecked: its label for a pinned bishop's move is a
+    moved bishop; python-chess's is the position unchanged, reward -1, truncated."""
+    pushed = "4k3/4r3/8/8/8/3B4/8/4K3 b - - 1 1+0.001+0+0"
+    s = parse_line(f"A: {PINNED}+e2d3+e2d3+{pushed}")
+    assert (s.completion, s.next_fen, s.reward, s.terminated, s.truncated, s.relabelled) == (
+        f"{PINNED}+-1.0+0+1", PINNED, -1.0, 0, 1, True)
+    assert not any(parse_line(line).relabelled for line in A_LINES)  # lines python-chess agrees with
+
+
+def test_position_key_writes_en_passant_as_python_chess_does():
+    # after 1. e4 e5 standard FEN names e6, but no white pawn can take there: the same position as with '-'
+    assert position_key("rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq e6 0 2") == \
+        "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq -"
+    # a capture there is legal (e5xf6): the square is part of the position
+    assert position_key("rnbqkbnr/ppppp1pp/8/4Pp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6 0 3") == \
+        "rnbqkbnr/ppppp1pp/8/4Pp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6"
 
 
 if __name__ == "__main__":
