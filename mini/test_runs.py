@@ -79,14 +79,22 @@ def claim_together(log_dir, barrier, outcomes):
 
 
 def test_of_two_processes_starting_at_once_one_gets_the_run(tmp_path):
-    ctx = multiprocessing.get_context("fork")  # the children need nothing but RunDir: no imports to wait for
+    # spawn, not fork: a child forked from pytest's threads can deadlock at exit, and pytest then waits on it
+    ctx = multiprocessing.get_context("spawn")
     barrier, outcomes = ctx.Barrier(2), ctx.Queue()
-    children = [ctx.Process(target=claim_together, args=(str(tmp_path), barrier, outcomes)) for _ in range(2)]
-    for child in children:
-        child.start()
-    got = [outcomes.get(timeout=60) for _ in children]
-    for child in children:
-        child.join(timeout=60)
+    children = [ctx.Process(target=claim_together, args=(str(tmp_path), barrier, outcomes), daemon=True)
+                for _ in range(2)]
+    try:
+        for child in children:
+            child.start()
+        got = [outcomes.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+            assert child.exitcode == 0, child.exitcode
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
     assert got.count("claimed") == 1 and any("is in use by a running process" in g for g in got), got
 
 
