@@ -101,6 +101,16 @@ def load_checkpoint(path):
     return state
 
 
+def checkpoint_settings(path):
+    """The settings (config dict) saved in a checkpoint, read without loading its tensors (mmap): a resumed run
+    takes its settings from them before the trainer loads the whole checkpoint. A ValueError saying why, as
+    load_checkpoint's, when the file is not a readable checkpoint."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]
+    except Exception:  # missing, damaged, another format: load_checkpoint says which
+        return load_checkpoint(path)["config"]
+
+
 def read_rows(path):
     """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
     a ValueError naming it (file:line)."""

@@ -135,6 +135,11 @@ def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_s
                "--resume_from_checkpoint continues the run with the checkpoint's settings, and these flags would "
                "change it: --k_samples 4 (the run has 3); drop them")
     assert not (tmp_path / "c").exists()  # a refused start leaves no directory
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(step2.read_bytes()[:1000])
+    for path, why in [(tmp_path / "nope.pt", "does not exist"), (damaged, "cannot be read (")]:
+        fails_with(capsys, ["--log_dir", str(tmp_path), "--run_name", "c", "--resume_from_checkpoint", str(path)],
+                   f"error: --resume_from_checkpoint: {path} {why}")
     assert train.main(["--log_dir", str(tmp_path), "--run_name", "c", "--resume_from_checkpoint", str(step2),
                        "--steps", "3"]) == 0
     assert json.loads((tmp_path / "c" / "config.json").read_text())["k_samples"] == 3

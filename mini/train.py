@@ -34,7 +34,7 @@ from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
-from mini.runs import RunDir, RunError, load_checkpoint, resume_config
+from mini.runs import RunDir, RunError, checkpoint_settings, load_checkpoint, resume_config
 from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
                           set_rng_state)
 from mini.sampler import generate
@@ -714,7 +714,7 @@ def saved_settings(cfg):
     checkpoint's for --resume_from_checkpoint, the run's config.json for --auto_resume and --recovery_mode."""
     if cfg.resume_from_checkpoint:
         try:
-            saved = load_checkpoint(cfg.resume_from_checkpoint)["config"]
+            saved = checkpoint_settings(cfg.resume_from_checkpoint)
         except ValueError as e:
             raise RunError(f"--resume_from_checkpoint: {e}") from None
         return saved, "--resume_from_checkpoint continues the run with the checkpoint's settings"
