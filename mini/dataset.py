@@ -8,6 +8,7 @@ import json
 import random
 import sys
 from collections import OrderedDict, deque
+from functools import lru_cache
 
 import chess
 
@@ -85,9 +86,10 @@ def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
     return keys
 
 
+@lru_cache(maxsize=1)  # the buffer, the samplers and self-play each ask at start-up: one read of the files
 def held_out_keys():
     """Positions no training prompt may show: the eval set and the mate-in-one test set."""
-    return shipped_keys((EVAL_PATH, MATE_PATH))
+    return frozenset(shipped_keys((EVAL_PATH, MATE_PATH)))
 
 
 def shows_held_out(sample, held_out):
@@ -159,7 +161,7 @@ class TaskSampler:
                     s = self.rng.choice(self.policy)
                     fen, history = s.fen, s.history
                 s = random_env_sample(fen, history, self.rng)
-                if position_key(s.next_fen) not in self.held_out:  # its completion must not show one
+                if not shows_held_out(s, self.held_out):  # else drawn again
                     out.append(s)
         return out
 
@@ -213,7 +215,7 @@ class StreamSampler:
                 else:
                     fen, history = self.rng.choice(self.recent)
                 s = random_env_sample(fen, history, self.rng)
-                if position_key(s.next_fen) not in self.held_out:  # its completion must not show one: drawn again
+                if not shows_held_out(s, self.held_out):  # else drawn again
                     out.append(s)
             else:
                 out.append(self._next_policy())
