@@ -40,17 +40,22 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, attn_mask, cache=None, prefix=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x)
-        if cache is not None:  # this layer's preallocated (B, nh, T_max, hs) keys and values, and the columns of x
-            k_all, v_all, cols = cache
-            k_all.index_copy_(2, cols, k.to(k_all.dtype))  # in place, at tensor positions: no shape depends on the step
-            v_all.index_copy_(2, cols, v.to(v_all.dtype))
-            k, v = k_all, v_all  # (B, nh, T_max, hs): attn_mask hides the padding and the columns not written yet
-        if prefix is not None:  # keys and values (B, nh, S, hs) of the columns before x (GPT.completion_hidden)
-            k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)  # (B, nh, S + T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        if cache is not None:  # this layer's attend(q, k, v) of a decode cache: it stores k, v and attends (eval only)
+            y = cache(q, k, v)
+        else:
+            if prefix is not None:  # keys and values (B, nh, S, hs) of the columns before x (GPT.completion_hidden)
+                k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)  # (B, nh, S + T, hs)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+
+def causal_mask(cols, key_mask):
+    """Attention mask (B, 1, T, S) of queries at key columns cols (T,) over keys (B, S) that are real where
+    key_mask is True: a query sees the real keys up to itself, and always itself, so padding rows stay finite."""
+    q_abs, k_abs = cols[:, None], torch.arange(key_mask.shape[1], device=cols.device)[None, :]
+    return (((k_abs <= q_abs)[None] & key_mask[:, None, :]) | (k_abs == q_abs)[None])[:, None]
 
 
 class MLP(nn.Module):
@@ -121,30 +126,21 @@ class GPT(nn.Module):
 
         attention_mask (B, T): 1 on real tokens, 0 on padding (any pattern: left, right or both).
         Positions count real tokens only, so a left-padded row starts at position 0. With a cache (a
-        mini.sampler.KVCache), idx is written at the cache's next columns, attends over every cached
-        column, and its positions continue from the real tokens already there.
+        mini.sampler.KVCache or SharedPrefixCache), idx is written at the cache's next columns, attends over
+        every cached column, and its positions continue from the real tokens already there.
         """
         B, T = idx.shape
         mask = torch.ones(B, T, dtype=torch.bool, device=idx.device) if attention_mask is None \
             else attention_mask.bool()  # (B, T)
-        past = 0 if cache is None else cache.n_real[:, None]  # real tokens already in the cache
-        pos = (past + mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
         if cache is None:
+            pos = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
             self._check_positions(pos)  # generate checks lengths up front
-            cols, key_mask = torch.arange(T, device=idx.device), mask  # (T,), (B, T)
-        else:  # tensors only (col, n_real), updated in place: a decode step is the same graph every token
-            cols = cache.col + torch.arange(T, device=idx.device)  # (T,) columns of idx in the cache
-            cache.key_mask.index_copy_(1, cols, mask)
-            cache.n_real += mask.sum(1)
-            cache.col += T
-            key_mask = cache.key_mask  # (B, T_max)
-        # query t sees real keys up to itself; it always sees itself, so padding rows stay finite
-        q_abs, k_abs = cols[:, None], torch.arange(key_mask.shape[1], device=idx.device)[None, :]
-        attn_mask = ((k_abs <= q_abs)[None] & key_mask[:, None, :]) | (k_abs == q_abs)[None]
-        attn_mask = attn_mask[:, None]  # (B, 1, T, T_max)
+            attn_mask, layers = causal_mask(torch.arange(T, device=idx.device), mask), None
+        else:  # the cache writes idx's columns and gives its positions and each layer's attend(q, k, v)
+            pos, layers = cache.advance(mask)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
-            x = self._block(block, x, attn_mask) if cache is None else block(x, attn_mask, (cache.k[i], cache.v[i], cols))
+            x = self._block(block, x, attn_mask) if cache is None else block(x, None, layers[i])
         return self.transformer.ln_f(x)
 
     def _check_positions(self, pos):
@@ -159,7 +155,7 @@ class GPT(nn.Module):
             return checkpoint(block, x, attn_mask, None, prefix, use_reentrant=False)
         return block(x, attn_mask, prefix=prefix)
 
-    def completion_hidden(self, idx, attention_mask, start):
+    def completion_hidden(self, idx, attention_mask, start, groups=None):
         """hidden(idx, attention_mask)[:, start:], computing each distinct prefix (columns < start) once.
 
         A GRPO rollout repeats every prompt K times, and the prompt is most of a row (~80 of ~145 tokens):
@@ -167,25 +163,28 @@ class GPT(nn.Module):
         its prefix's keys and values. Each layer's prefix keys and values are recomputed from that layer's
         input (one extra c_attn over the few distinct prefixes), so the blocks stay plain functions of
         their inputs, which gradient checkpointing needs.
+
+        groups: (rows (B,), firsts (U,)), each row's prefix and a row of each prefix, where the caller knows
+        which rows share one (a Rollout's groups); else the distinct prefixes are found with torch.unique.
         """
         B, T = idx.shape
         mask = attention_mask.bool()  # (B, T)
         if start <= 0:
             return self.hidden(idx, mask)
-        uniq, rows = torch.unique(torch.cat([idx[:, :start], mask[:, :start].long()], 1), dim=0, return_inverse=True)
-        p_idx, p_mask = uniq[:, :start], uniq[:, start:].bool()  # (U, S): the distinct prefixes
+        if groups is None:
+            uniq, rows = torch.unique(torch.cat([idx[:, :start], mask[:, :start].long()], 1), dim=0, return_inverse=True)
+            p_idx, p_mask = uniq[:, :start], uniq[:, start:].bool()  # (U, S): the distinct prefixes
+        else:
+            rows, firsts = groups
+            p_idx, p_mask = idx[firsts, :start], mask[firsts, :start]  # (U, S)
         s_idx, s_mask = idx[:, start:], mask[:, start:]  # (B, Ts)
         S, Ts = start, T - start
         p_pos = (p_mask.long().cumsum(1) - 1).clamp(min=0)  # (U, S)
         s_pos = (p_mask.sum(1)[rows, None] + s_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, Ts)
         self._check_positions(s_pos)
-        # the masks of hidden(): real keys up to the query, and the query itself
-        causal = lambda n: torch.ones(n, n, dtype=torch.bool, device=idx.device).tril()
-        eye = lambda n: torch.eye(n, dtype=torch.bool, device=idx.device)
-        p_attn = ((causal(S)[None] & p_mask[:, None, :]) | eye(S)[None])[:, None]  # (U, 1, S, S)
-        s_keys = torch.cat([p_mask[rows][:, None, :].expand(B, Ts, S), causal(Ts)[None] & s_mask[:, None, :]], 2)
-        itself = torch.cat([torch.zeros(Ts, S, dtype=torch.bool, device=idx.device), eye(Ts)], 1)  # (Ts, S + Ts)
-        s_attn = (s_keys | itself[None])[:, None]  # (B, 1, Ts, S + Ts)
+        # the masks of hidden(): the suffix's queries sit at columns S.. over the keys [prefix, suffix]
+        p_attn = causal_mask(torch.arange(S, device=idx.device), p_mask)  # (U, 1, S, S)
+        s_attn = causal_mask(torch.arange(S, T, device=idx.device), torch.cat([p_mask[rows], s_mask], 1))  # (B, 1, Ts, T)
         wte, wpe = self.transformer.wte, self.transformer.wpe
         xp = self.transformer.drop(wte(p_idx) + wpe(p_pos))  # (U, S, C)
         xs = self.transformer.drop(wte(s_idx) + wpe(s_pos))  # (B, Ts, C)

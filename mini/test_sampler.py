@@ -1,6 +1,7 @@
-"""The sampler: cached decoding equals a full forward, greedy generate equals transformers', log-probs
-and groups, the sampling distribution, length checks, and the compiled decode step (CUDA graphs on
-CUDA) gives the tokens of the eager one.
+"""The sampler: cached decoding equals a full forward, the shared-prefix cache equals per-row attention,
+greedy generate equals transformers', log-probs and groups, the sampling distribution and the old fp32
+sampler's tokens, length checks, and the compiled decode step (CUDA graphs on CUDA) gives the tokens of
+the eager one.
 
     python mini/test_sampler.py
 """
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from mini.model import GPT, GPTConfig
-from mini.sampler import KVCache, _caches, generate, sample_next
+import torch.nn.functional as F
+
+from mini.sampler import KVCache, SharedPrefixCache, _caches, decode_step, generate, pad_left, sample_next
 from mini.test_model import hf_and_ours, left_padded
 
 
@@ -27,6 +30,75 @@ def test_cached_decoding_equals_full_forward():
         steps.append(m.lm_head(m.hidden(ids[:, t:t + 1], mask[:, t:t + 1], cache=cache)))
     real = mask.bool()
     assert (torch.cat(steps, 1) - full)[real].abs().max() <= 1e-5
+
+
+def fp64_model(vocab=97, std=0.3):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, n_positions=128, vocab_size=vocab)).double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, std)  # varied tokens, attention far from uniform
+    return m
+
+
+@pytest.mark.parametrize("groups", [(16, 16, 1), (1, 1, 1, 1)])  # K = 16 beside K = 1; K = 1 alone (evaluation)
+@torch.no_grad()
+def test_shared_prefix_cache_equals_per_row_attention(groups):
+    """Decode logits through SharedPrefixCache (each prompt's keys once, merged partial softmaxes, completion
+    columns read in width buckets) equal those of per-row KVCache copies, in fp64, over enough tokens to
+    cross width buckets; prompts of mixed lengths, so left padding; rows of a group in any order."""
+    m = fp64_model()
+    g = torch.Generator().manual_seed(0)
+    lengths = (9, 3, 6, 1)[:len(groups)]
+    distinct = [torch.randint(0, 97, (n,), generator=g).tolist() for n in lengths]
+    prompt_of = [u for u, k in enumerate(groups) for _ in range(k)]
+    prompt_of = [prompt_of[i] for i in torch.randperm(len(prompt_of), generator=g)]  # groups interleaved
+    ids, mask = pad_left(distinct, 96, "cpu")
+    prefill = KVCache(m.config, len(distinct), ids.shape[1], "cpu", torch.float64)
+    first = m.lm_head(m.hidden(ids, mask, cache=prefill)[:, -1])
+    steps, N = 40, len(prompt_of)
+    per_row = KVCache(m.config, N, ids.shape[1] + steps, "cpu", torch.float64)
+    per_row.load(prefill, torch.tensor(prompt_of))
+    shared = SharedPrefixCache(m.config, prefill, max(groups), N, steps, "cpu", torch.float64)
+    shared.start(prefill, prompt_of)
+    tok = first[prompt_of].argmax(-1)
+    for t in range(steps):
+        shared.width = min(-(-(t + 1) // 16) * 16, steps)
+        want, got = decode_step(m, per_row, tok), decode_step(m, shared, tok)
+        assert (got - want).abs().max() <= 1e-12, t
+        tok = torch.randint(0, 97, (N,), generator=g)  # arbitrary continuations: every row differs
+
+
+@pytest.mark.parametrize("temperature", [0, 0.8])
+@torch.no_grad()
+def test_generate_with_shared_prefix_gives_the_per_row_tokens(temperature):
+    m = fp64_model(std=0.1)
+    prompts = [[1, 2, 3, 4, 5, 6]] * 16 + [[7, 8]] * 16 + [[9, 10, 11]]
+    run = lambda shared: generate(m, prompts, 30, temperature, eos_id=96, shared_prefix=shared,
+                                  generator=torch.Generator().manual_seed(3))
+    per_row, shared = run(False), run(True)
+    assert [t for t, _ in shared] == [t for t, _ in per_row]
+    for (_, a), (_, b) in zip(per_row, shared):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)  # fp32 log-probs
+    assert len({x for t, _ in per_row for x in t}) > 5 and sum(len(t) for t, _ in per_row) > 500  # not degenerate
+
+
+def test_sample_next_gives_the_tokens_of_the_fp32_copy_sampler():
+    """In fp64, the sampler without a vocabulary-wide fp32 copy (softmax of the given dtype, no divide at
+    temperature 1) draws the tokens of the earlier one: log_softmax(logits.float() / T), exp, cumsum."""
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(512, 1000, generator=g, dtype=torch.float64)
+    u = torch.rand(512, generator=g, dtype=torch.float64)
+    for temperature, top_k in ((1.0, 0), (0.7, 0), (1.0, 50)):
+        x = logits / temperature
+        if top_k:
+            x = x.masked_fill(x < x.topk(top_k, -1).values[:, -1:], float("-inf"))
+        logp = F.log_softmax(x, -1)
+        cdf = logp.exp().cumsum(-1)
+        want = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)[:, 0]
+        nxt, lp = sample_next(logits, temperature, top_k, u=u)
+        assert torch.equal(nxt, want)
+        assert torch.allclose(lp, logp.gather(1, want[:, None])[:, 0], atol=1e-12, rtol=0)
 
 
 @torch.no_grad()
@@ -113,14 +185,15 @@ def test_compiled_decode_equals_eager_greedy(peaked):
     assert_same_decoding(eager, generate(peaked, PROMPTS, 20, temperature=0, eos_id=78, compile_decode=True))
     # other prompts, fewer rows and tokens: the same buckets, so the compiled step is reused as it is
     with torch._dynamo.config.patch(error_on_recompile=True):
-        prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5]] * 3 + [[8]]
+        prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5]] * 2 + [[8]]  # 3 prompts of <= 2 rows: the buckets of PROMPTS
         assert_same_decoding(generate(peaked, prompts, 12, temperature=0, eos_id=78),
                              generate(peaked, prompts, 12, temperature=0, eos_id=78, compile_decode=True))
 
 
+@pytest.mark.parametrize("shared_prefix", [True, False])
 @torch.no_grad()
-def test_compiled_decode_equals_eager_sampled(peaked):
-    run = lambda **kw: generate(peaked, PROMPTS, 20, temperature=0.8, top_k=10, eos_id=72,
+def test_compiled_decode_equals_eager_sampled(peaked, shared_prefix):
+    run = lambda **kw: generate(peaked, PROMPTS, 20, temperature=0.8, top_k=10, eos_id=72, shared_prefix=shared_prefix,
                                 generator=torch.Generator().manual_seed(1), **kw)  # 72: stops after 10 to 20 tokens
     assert_same_decoding(run(), run(compile_decode=True))
 
