@@ -21,17 +21,23 @@ count, so one recompilation or hiccup does not count), after one warm-up step; -
   seconds per phase    generate, ref_logprobs, score (the wait the overlap did not hide), update
   rollout tokens/s     completion tokens / generate seconds
   completions/s        prompts * k / seconds of the whole step, end to end (TRL: of one optimizer step)
-  training phase       6 FLOPs per parameter per trained token (the tied embedding counted once, as the output
-                       projection, which runs on completion tokens only) / update seconds, in TFLOP/s; MFU divides
-                       by --peak_tflops (default by GPU name: H100 and H200 989, A100 312, dense bf16)
-  peak memory          CUDA: the largest per-step peak allocation; CPU: the process's peak resident memory
-  decode bandwidth     bytes an ideal decoder must read per decode step over the measured time per step:
+  training phase       FLOPs as executed / update seconds, in TFLOP/s: 6 per parameter per trained token, each
+                       group's prompt once (completion_hidden), the tied embedding counted once, as the output
+                       projection on completion tokens only (8 there with --fused_logprobs, which recomputes the
+                       logits in backward); MFU divides by --peak_tflops (default by GPU name: H100 and H200 989,
+                       A100 312, dense bf16). Beside it, labelled nominal: every row's prompt counted, 6 per token
+  decode bandwidth     bytes read per decode step over the measured time per step, and its share of --peak_gbps:
+                           read  = b * P + 2 * n_layer * n_embd * b * (prompt tokens / k + N * mean width)
+                       with --shared_prefix_decode (each group's prompt once, completion columns in width buckets),
+                           read  = b * P + 2 * n_layer * n_embd * b * N * (mean prompt length + new_tokens)
+                       without (every row's prompt copy and every preallocated column); beside it an ideal decoder's:
                            bytes = b * P + 2 * n_layer * n_embd * b * N * (mean prompt length + new_tokens / 2)
                            GB/s  = bytes / (generate seconds / new_tokens) / 1e9,  roofline share = GB/s / --peak_gbps
                        P parameters (weights read once per token), N = prompts * k rows, the KV cache of every
                        row read once per token, b = 2 bytes under bf16 autocast (else 4); --peak_gbps defaults by
                        GPU name (H100 3350, H100 PCIe 2000, H200 4800, A100 2039). Prefill and sampling count in
                        the time, so the share is a lower bound.
+  peak memory          CUDA: the largest per-step peak allocation; CPU: the process's peak resident memory
 Completions are 64 tokens (--new_tokens), near the real ~58-66 of P:/A:; our rollout is not forced, but random
 weights sample EOS about once in 50,000 tokens, so rows run to the end; transformers and TRL are forced
 (min_new_tokens). TRL runs with the same K (num_generations), forced length (max_completion_length and
@@ -60,7 +66,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 
 import torch
 
-from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least
+from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, Parser, Switch, at_least
 from mini.dataset import TaskSampler, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
@@ -69,7 +75,7 @@ from mini.positions import random_env_sample
 from mini.annotate import find_stockfish
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
 from mini.runtime import autocast, peak_memory_mb, resolve_device
-from mini.sampler import generate, pad_left
+from mini.sampler import WIDTH_BUCKET, generate, pad_left
 from mini.tokenizer import Tokenizer
 from mini.train import Trainer
 
@@ -187,12 +193,22 @@ def ours(a, cfg, device):
     model, c = tr.model, tr.model.config
     wte = model.transformer.wte.weight.numel()
     body = model.num_params() - wte  # the tied embedding counted once, as the output projection
-    flops = 6 * (body * (prompt_tokens + comp_tokens) + wte * comp_tokens) * cfg.num_iterations
-    tflops = flops / phases["update"] / 1e12
+    nominal = 6 * (body * (prompt_tokens + comp_tokens) + wte * comp_tokens) * cfg.num_iterations
+    # as executed: each group's prompt once (completion_hidden), the fused head's logits twice in backward
+    flops = ((6 * body * (prompt_tokens / a.k + comp_tokens)) + (8 if cfg.fused_logprobs else 6) * wte * comp_tokens) \
+        * cfg.num_iterations
+    tflops, nominal_tflops = flops / phases["update"] / 1e12, nominal / phases["update"] / 1e12
     peak_tflops = a.peak_tflops or device_peak(PEAK_TFLOPS, device)
     b = 2 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else 4  # bytes per weight and cached value
-    decode_bytes = b * model.num_params() + 2 * c.n_layer * c.n_embd * b * n * (prompt_tokens / n + a.new_tokens / 2)
-    gbps = decode_bytes / (phases["generate"] / a.new_tokens) / 1e9
+    kv = 2 * c.n_layer * c.n_embd * b  # bytes of one cached column of one row
+    decode_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens / 2)  # the ideal decoder's
+    if cfg.shared_prefix_decode:  # as read: each group's prompt once, each row's completion in width buckets
+        width = statistics.mean(-(-(t + 1) // WIDTH_BUCKET) * WIDTH_BUCKET for t in range(a.new_tokens - 1))
+        read_bytes = b * model.num_params() + kv * (prompt_tokens / a.k + n * width)
+    else:  # as read: every row's copy of its prompt and every preallocated column
+        read_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens)
+    token_s = phases["generate"] / a.new_tokens
+    gbps, read_gbps = decode_bytes / token_s / 1e9, read_bytes / token_s / 1e9
     peak_gbps = a.peak_gbps or device_peak(PEAK_GBPS, device)
     out = dict(device=device_name(device), params_m=model.num_params() / 1e6, prompts=a.prompts, k=a.k, completions=n,
                new_tokens=a.new_tokens, steps=a.steps, micro_batch_size=a.micro_batch_size,
@@ -200,8 +216,10 @@ def ours(a, cfg, device):
                seconds=phases, step_s=step_s, cpu_step_s=cpu_step_s, rollout_tok_s=comp_tokens / phases["generate"],
                completions_s=n / step_s,
                train_tflops=tflops, mfu=tflops / peak_tflops if peak_tflops else None, peak_tflops=peak_tflops or None,
+               nominal_tflops=nominal_tflops, nominal_mfu=nominal_tflops / peak_tflops if peak_tflops else None,
                peak_mem_mb=max(r["peak_mem_mb"] for r in rows), decode_gbps=gbps,
-               roofline_share=gbps / peak_gbps if peak_gbps else None, peak_gbps=peak_gbps or None)
+               roofline_share=gbps / peak_gbps if peak_gbps else None, peak_gbps=peak_gbps or None,
+               decode_read_gbps=read_gbps, read_roofline_share=read_gbps / peak_gbps if peak_gbps else None)
     print(f"{out['device']}: {out['params_m']:.1f}M params, {a.prompts} prompts x {a.k} = {n} completions of "
           f"{a.new_tokens} tokens, micro-batch {a.micro_batch_size or n}, {out['dtype']}"
           f"{', compiled decode' if a.compile_decode else ''}, median of {a.steps} steps")
@@ -209,10 +227,14 @@ def ours(a, cfg, device):
         print(f"  {k:14s} {v:8.3f} s  ({100 * v / step_s:4.1f}%)")
     print(f"  rollout        {out['rollout_tok_s']:10.0f} tokens/s")
     print(f"  end to end     {out['completions_s']:10.1f} completions/s ({step_s:.2f} s per step)")
-    print(f"  training phase {tflops:10.2f} TFLOP/s"
-          + (f", MFU {out['mfu']:.1%} of {peak_tflops:.0f}" if peak_tflops else " (MFU: pass --peak_tflops)"))
-    print(f"  decode         {gbps:10.1f} GB/s of weight and KV-cache reads"
-          + (f", {out['roofline_share']:.1%} of the {peak_gbps:.0f} GB/s roofline" if peak_gbps else ""))
+    print(f"  training phase {tflops:10.2f} TFLOP/s executed"
+          + (f", MFU {out['mfu']:.1%} of {peak_tflops:.0f}" if peak_tflops else " (MFU: pass --peak_tflops)")
+          + f"; nominal (every row's prompt) {nominal_tflops:.2f}"
+          + (f", MFU {out['nominal_mfu']:.1%}" if peak_tflops else ""))
+    print(f"  decode         {read_gbps:10.1f} GB/s of weight and KV-cache bytes read"
+          + (f", {out['read_roofline_share']:.1%} of the {peak_gbps:.0f} GB/s roofline" if peak_gbps else "")
+          + f"; an ideal decoder's bytes {gbps:.1f} GB/s"
+          + (f", {out['roofline_share']:.1%}" if peak_gbps else ""))
     print(f"  peak memory    {out['peak_mem_mb'] / 1024:10.2f} GiB")
     return out, tr
 
@@ -307,7 +329,8 @@ def bench_step(a):
         cfg = Config(model_path=snapshot, device=a.device, log_dir=f"{d}/logs", run_name="bench", seed=a.seed,
                      batch_size=a.prompts, k_samples=a.k, max_new_tokens=a.new_tokens, eval_every=0, save_every=0,
                      score_workers=a.score_workers, micro_batch_size=a.micro_batch_size, bf16=a.bf16,
-                     compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size)
+                     compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
+                     shared_prefix_decode=a.shared_prefix_decode, fused_logprobs=a.fused_logprobs)
         out, tr = ours(a, cfg, device)
         if not a.no_transformers:
             guarded(out, "transformers", versus_transformers, out, tr, a, cfg, device)
@@ -468,6 +491,9 @@ def main(argv=None):
     p.add_argument("--bf16", "--no_bf16", action=Switch, default=True, help="bf16 autocast on CUDA")
     p.add_argument("--compile_decode", action="store_true", help="the compiled static-shape decode step")
     p.add_argument("--auto_batch_size", action="store_true", help="step: let the Trainer pick the batch size first")
+    for name in ("shared_prefix_decode", "fused_logprobs"):  # the Trainer's switches, for before/after figures
+        p.add_argument(f"--{name}", f"--no_{name}", action=Switch, default=FIELDS[name].default,
+                       help=FIELDS[name].metadata["help"])
     p.add_argument("--score_workers", type=int, default=0)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the model's random weights")

@@ -120,6 +120,8 @@ class Config:
     kl_horizon: int = opt(100, "steps over which the adaptive controller closes the gap", check=at_least(1))
     kl_warmup_steps: int = opt(0, "ramp kl_coef linearly from 0 over these steps", check=at_least(0))
     entropy_coef: float = opt(0.0, "entropy bonus weight (entropy is logged either way)")
+    entropy_every: int = opt(1, "with --entropy_coef 0, compute and log the entropy on every so many steps only (a "
+                             "pass over the vocabulary at every completion token)", check=at_least(1))
     use_gae: bool = opt(False, "add a value head and use GAE advantages (off: GRPO proper, no critic)")
     gamma: float = opt(1.0, "GAE discount", check=between(0, 1))
     gae_lambda: float = opt(0.95, "GAE lambda", check=between(0, 1))
@@ -141,6 +143,11 @@ class Config:
     bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX", scripts=BOTH)
     compile: bool = opt(False, "torch.compile the model on CUDA")
     compile_decode: bool = opt(False, "torch.compile the static-shape decode step (CUDA graphs on CUDA)")
+    fused_logprobs: bool = opt(True, "the training log-probs and entropy straight from the hidden states and the "
+                               "output weight, chunk by chunk, never the whole logits (off: the logits materialised)")
+    shared_prefix_decode: bool = opt(True, "decode attention reads each group's prompt keys and values once, merged "
+                                     "with each row's own completion by log-sum-exp, and the completion columns only "
+                                     "as far as written (off: a copy of the prompt per row, every column read)")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")
     memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device",
@@ -180,6 +187,7 @@ START_FLAGS = ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwr
 RESUMABLE = frozenset({
     "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
     "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
+    "shared_prefix_decode", "fused_logprobs", "entropy_every",
     "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name"})
 
 

@@ -18,6 +18,7 @@ GRPO (Shao et al. 2024, DeepSeekMath eq. 3-4), DAPO (Yu et al. 2025), Dr. GRPO (
 """
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -26,8 +27,8 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _tempered(logits, temperature):
-    x = logits.float()  # fp32 log-probs: a bf16 log_softmax gives KL != 0 at step 1 between identical models
-    return x if temperature == 1.0 else x / temperature
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 log-probs (fp64 stays fp64): a bf16
+    return x if temperature == 1.0 else x / temperature                # log_softmax gives KL != 0 at step 1
 
 
 def _per_position(fn, *xs, chunk_size):
@@ -58,7 +59,7 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, ids, lse = ctx.saved_tensors
         T, rows = ctx.temperature, ctx.chunk_rows
         x, i = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1)
-        g = grad.reshape(-1, 1).float() / T  # (M, 1)
+        g = grad.reshape(-1, 1).to(lse.dtype) / T  # (M, 1)
         out = torch.empty_like(x)
         for s in range(0, x.shape[0], rows):
             c = slice(s, s + rows)
@@ -74,6 +75,98 @@ def token_logprobs(logits, ids, temperature=1.0, chunk_size=None):
     cache-sized), 1024 on a GPU (few kernel launches)."""
     chunk_size = chunk_size or (1024 if logits.is_cuda else 8)
     return _TokenLogprobs.apply(logits, ids, temperature, chunk_size)
+
+
+class Head(NamedTuple):
+    """The output layer's input: final hidden states h (N, T, C) and the tied output weight (V, C), logits
+    h @ weight.T computed in `dtype` (autocast's where h was computed; None: h's). With fused, log-probs and
+    entropy come from _FusedHead and the (N, T, V) logits never exist; without, they are materialised."""
+    h: torch.Tensor
+    weight: torch.Tensor
+    fused: bool = True
+    dtype: torch.dtype = None
+
+    @classmethod
+    def of(cls, h, weight, fused=True):
+        """The Head of h, with the matmul dtype of the autocast region this is called in."""
+        on = torch.is_autocast_enabled(h.device.type)
+        return cls(h, weight, fused, torch.get_autocast_dtype(h.device.type) if on else None)
+
+    def logits(self):
+        return F.linear(_cast(self.h, self.dtype), _cast(self.weight, self.dtype))  # (N, T, V)
+
+
+def _cast(x, dtype):
+    return x if dtype is None else x.to(dtype)
+
+
+def _logits(x):
+    return x.logits() if isinstance(x, Head) else x
+
+
+class _FusedHead(torch.autograd.Function):
+    """The output layer, log softmax(h W^T / T)[ids] and, when asked, the entropy H of softmax(h W^T / T), chunk
+    by chunk of positions from the hidden states h (M, C) and the weight W (V, C): the (M, V) logits exist for
+    one chunk at a time, and the backward recomputes each chunk's logits (Cut Cross-Entropy, Wijmans et al.
+    2024; Liger Kernel's fused linear cross-entropy). With x = h W^T / T and p = softmax(x), per position:
+        d logp / dx = onehot(ids) - p,   dH / dx = -p (log p + H),   dx / dh = W / T,   dx / dW = h^T / T."""
+
+    @staticmethod
+    def forward(ctx, h, weight, ids, temperature, chunk_rows, with_entropy, dtype):
+        ctx.set_materialize_grads(False)  # an output the loss does not use (the entropy at coefficient 0) costs nothing
+        M = h.shape[0]
+        w = _cast(weight, dtype)
+        logp = h.new_empty(M, dtype=torch.promote_types(h.dtype, torch.float32))
+        ent = torch.empty_like(logp) if with_entropy else None
+        for s in range(0, M, chunk_rows):
+            c = slice(s, s + chunk_rows)
+            x = _tempered(_cast(h[c], dtype) @ w.T, temperature)  # (m, V)
+            lse = torch.logsumexp(x, -1)
+            logp[c] = x.gather(1, ids[c, None])[:, 0] - lse
+            if with_entropy:
+                ent[c] = lse - (torch.softmax(x, -1) * x).sum(-1)  # -sum p log p = lse - sum p x
+        ctx.save_for_backward(h, weight, ids)
+        ctx.temperature, ctx.chunk_rows, ctx.dtype = temperature, chunk_rows, dtype
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        h, weight, ids = ctx.saved_tensors
+        T, rows, dtype = ctx.temperature, ctx.chunk_rows, ctx.dtype
+        w = _cast(weight, dtype)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for s in range(0, h.shape[0], rows):
+            c = slice(s, s + rows)
+            hc = _cast(h[c], dtype)
+            lp = F.log_softmax(_tempered(hc @ w.T, T), -1)  # (m, V)
+            p = lp.exp()
+            gx = torch.zeros_like(p)
+            if g_logp is not None:
+                gx = p * -g_logp[c, None]
+                gx.scatter_add_(1, ids[c, None], g_logp[c, None])
+            if g_ent is not None:
+                gx -= g_ent[c, None] * p * (lp + (p * lp).sum(-1, keepdim=True).neg_())
+            gx = _cast(gx / T, dtype)
+            if grad_h is not None:
+                grad_h[c] = gx @ w
+            if grad_w is not None:
+                grad_w += (gx.T @ hc).to(grad_w.dtype)
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def head_logprobs(head, ids, temperature=1.0, with_entropy=True, chunk_size=None):
+    """log π(o_t | q, o_<t) of the ids (N, T) and, with_entropy, the entropy of each position's tempered
+    distribution (else None), from `head`: a Head (fused or not) or logits (N, T, V). (N, T) each, fp32.
+    Fused chunks: 256 positions on a CPU (64 re-read the weight too often), 1024 on a GPU."""
+    if isinstance(head, Head) and head.fused:
+        chunk_size = chunk_size or (1024 if head.h.is_cuda else 256)
+        C = head.h.shape[-1]
+        logp, ent = _FusedHead.apply(head.h.reshape(-1, C), head.weight, ids.reshape(-1), temperature, chunk_size,
+                                     with_entropy, head.dtype)
+        return logp.view(ids.shape), ent.view(ids.shape) if with_entropy else None
+    logits = head.logits() if isinstance(head, Head) else head
+    return token_logprobs(logits, ids, temperature), entropy(logits, temperature) if with_entropy else None
 
 
 def exact_kl(logits, ref_logits, kl_type="forward", temperature=1.0, chunk_size=1024):
@@ -172,6 +265,16 @@ class RewardBaseline:
 
     def load_state_dict(self, state):
         self.mean, self.var = dict(state["mean"]), dict(state["var"])
+
+
+def group_rows(rows, n, k, device=None):
+    """The groups of rollout rows `rows` (a slice of n rows in groups of k contiguous rows) for
+    GPT.completion_hidden, numbered within the slice: each row's group (B,) and the first row of each (U,).
+    Known from the layout, so the forward needs no torch.unique (a sort and a host sync)."""
+    start, stop = rows.start, min(rows.stop, n)
+    of_row = [i // k - start // k for i in range(start, stop)]
+    firsts = [max(u * k, start) - start for u in range(start // k, (stop - 1) // k + 1)]
+    return torch.tensor(of_row, device=device), torch.tensor(firsts, device=device)
 
 
 # ----------------------------------------------------------------------------- losses
@@ -305,10 +408,12 @@ class LossSettings:
 
 
 def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=None, ref_logits=None,
-              ref_logp=None, values=None, old_values=None, returns=None):
+              ref_logp=None, values=None, old_values=None, returns=None, with_entropy=True):
     """Loss of one micro-batch: policy + β·KL − c_H·entropy [+ c_V·value] (DeepSeekMath eq. 3-4).
+    logits, ref_logits: (N, T, V) tensors or Heads (the fused log-probs, see head_logprobs).
     old_logp None: on-policy (first PPO epoch), old = current log-probs detached, so ρ = 1.
     KL: k3 needs ref_logp (or ref_logits), exact types need ref_logits; with neither it is skipped.
+    with_entropy False and entropy_coef 0: the entropy is neither computed nor in the metrics.
     Every term uses the global normalisers `norm` (default: this batch's own), so losses and
     metrics of the micro-batches sum to those of the full batch. The kl and entropy metrics are means per
     completion token whatever the loss type, so that --target_kl and --kl_threshold mean one thing.
@@ -317,25 +422,26 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     agg = lambda x: aggregate(x, mask, s.loss_type, norm)
     per_token = lambda x: aggregate(x.detach(), mask, "dapo", norm).item()
     grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
-    logp = token_logprobs(logits, ids, s.temperature)  # (N, T)
+    logp, ent_t = head_logprobs(logits, ids, s.temperature, with_entropy or s.entropy_coef != 0)  # (N, T) each
     pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
                               s.clip_eps_low, s.clip_eps_high, s.loss_type, norm)
     loss = pl
     if ref_logp is not None or ref_logits is not None:
         with grad_if(s.kl_coef):
             if s.kl_type == "k3":
-                q = ref_logp if ref_logp is not None else token_logprobs(ref_logits, ids, s.temperature)
+                q = ref_logp if ref_logp is not None else head_logprobs(ref_logits, ids, s.temperature, False)[0]
                 kl_t = k3_kl(logp, q)  # (N, T)
             else:
-                kl_t = exact_kl(logits, ref_logits, s.kl_type, s.temperature)
+                kl_t = exact_kl(_logits(logits), _logits(ref_logits), s.kl_type, s.temperature)
         loss = loss + s.kl_coef * agg(kl_t)
         metrics["kl"] = per_token(kl_t)
-    with grad_if(s.entropy_coef):
-        ent_t = entropy(logits, s.temperature)  # (N, T)
-    loss = loss - s.entropy_coef * agg(ent_t)
+    if s.entropy_coef != 0:  # else the entropy's backward is skipped (a metric only)
+        loss = loss - s.entropy_coef * agg(ent_t)
+    if ent_t is not None:
+        metrics["entropy"] = per_token(ent_t)
     if values is not None:
         vl = value_loss(values, old_values, returns, mask, s.value_clip, s.loss_type, norm)
         loss = loss + s.value_coef * vl
         metrics["value_loss"] = vl.item()
-    metrics.update(loss=loss.item(), policy_loss=pl.item(), entropy=per_token(ent_t))
+    metrics.update(loss=loss.item(), policy_loss=pl.item())
     return loss, metrics

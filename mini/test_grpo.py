@@ -10,8 +10,8 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 from torch.distributions import Categorical, kl_divergence
 
-from mini.grpo import (AdaptiveKLController, LossSettings, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
-                       group_advantages, grpo_loss, k3_kl, kl_coef_at, normalisers, policy_loss, token_logprobs,
+from mini.grpo import (AdaptiveKLController, Head, LossSettings, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
+                       group_advantages, group_rows, grpo_loss, head_logprobs, k3_kl, kl_coef_at, normalisers, policy_loss, token_logprobs,
                        value_loss)
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
@@ -291,6 +291,49 @@ def test_entropy_matches_direct_computation():
     want = Categorical(logits=logits / 1.3).entropy()
     assert torch.allclose(entropy(logits, 1.3), want, atol=1e-6)
     assert torch.allclose(entropy(logits, 1.3, chunk_size=5), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 64), (0.7, 5)])  # chunks that do not divide the positions
+def test_fused_head_equals_the_plain_output_layer(temperature, chunk):
+    """head_logprobs from (hidden states, weight), chunked with recomputation in backward, against
+    log_softmax(h @ W.T / T).gather and the entropy of the same distribution, in fp64: values, and gradients
+    with respect to h and W of a loss weighing both."""
+    g = torch.Generator().manual_seed(0)
+    N, T, C, V = 3, 7, 16, 50
+    h = torch.randn(N, T, C, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, C, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, V, (N, T), generator=g)
+    a, b = torch.randn(N, T, generator=g, dtype=torch.float64), torch.randn(N, T, generator=g, dtype=torch.float64)
+    lp_all = torch.log_softmax(h @ w.T / temperature, -1)
+    want_lp, want_ent = lp_all.gather(2, ids[..., None])[..., 0], -(lp_all.exp() * lp_all).sum(-1)
+    want_grads = torch.autograd.grad((a * want_lp + b * want_ent).sum(), (h, w))
+    for head in (lambda: Head(h, w), lambda: Head(h, w, fused=False), lambda: h @ w.T):  # fused, plain, logits
+        lp, ent = head_logprobs(head(), ids, temperature, chunk_size=chunk)
+        assert torch.allclose(lp, want_lp, atol=1e-12, rtol=0) and torch.allclose(ent, want_ent, atol=1e-12, rtol=0)
+        for got, want in zip(torch.autograd.grad((a * lp + b * ent).sum(), (h, w)), want_grads):
+            assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    lp, ent = head_logprobs(Head(h, w), ids, temperature, with_entropy=False, chunk_size=chunk)  # log-probs alone
+    assert ent is None and torch.allclose(lp, want_lp, atol=1e-12, rtol=0)
+    want_lp = torch.log_softmax(h @ w.T / temperature, -1).gather(2, ids[..., None])[..., 0]  # a new graph
+    for got, want in zip(torch.autograd.grad((a * lp).sum(), (h, w)), torch.autograd.grad((a * want_lp).sum(), (h, w))):
+        assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_grpo_loss_without_entropy_leaves_the_loss_and_skips_the_metric():
+    logits, ids, mask, old_logp, g = batch()
+    adv = torch.randn(len(ids), generator=g)
+    with_ent = grpo_loss(logits, ids, mask, adv, old_logp=old_logp)
+    without = grpo_loss(logits, ids, mask, adv, old_logp=old_logp, with_entropy=False)
+    assert without[0] == with_ent[0] and "entropy" in with_ent[1] and "entropy" not in without[1]
+    s = LossSettings(entropy_coef=0.01)  # a bonus in the loss: computed whatever with_entropy says
+    assert "entropy" in grpo_loss(logits, ids, mask, adv, s, old_logp=old_logp, with_entropy=False)[1]
+
+
+def test_group_rows_of_a_micro_batch():
+    """Rows 2..6 of 9 in groups of 3: the tail of group 0, group 1, the head of group 2."""
+    of_row, firsts = group_rows(slice(2, 7), 9, 3)
+    assert of_row.tolist() == [0, 1, 1, 1, 2] and firsts.tolist() == [0, 1, 4]
+    assert [t.tolist() for t in group_rows(slice(6, 12), 9, 3)] == [[0, 0, 0], [0]]  # the last slice ends at n
 
 
 # ----------------------------------------------------------------------------- critic

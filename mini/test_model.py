@@ -76,13 +76,14 @@ def test_completion_hidden_equals_hidden_with_shared_prefixes(checkpointing):
     mask[1, 15:], mask[2, 12:], mask[4, 18:] = False, False, False  # completions that stopped early
     start = 9
     want = m.hidden(ids, mask)[:, start:]
-    got = m.completion_hidden(ids, mask, start)
-    assert got.shape == want.shape and (got - want).abs().max() < 1e-12
     params = list(m.parameters())
     w = torch.randn_like(want)
-    g_want = torch.autograd.grad((want * w).sum(), params)
-    g_got = torch.autograd.grad((got * w).sum(), params)
-    assert max((a - b).abs().max().item() for a, b in zip(g_got, g_want)) < 1e-11
+    g_want = torch.autograd.grad((want * w).sum(), params, retain_graph=True)
+    groups = (torch.tensor([0, 0, 0, 0, 1, 1, 2]), torch.tensor([0, 4, 6]))  # the caller's groups, or torch.unique's
+    for got in (m.completion_hidden(ids, mask, start), m.completion_hidden(ids, mask, start, groups)):
+        assert got.shape == want.shape and (got - want).abs().max() < 1e-12
+        g_got = torch.autograd.grad((got * w).sum(), params)
+        assert max((a - b).abs().max().item() for a, b in zip(g_got, g_want)) < 1e-11
     assert torch.equal(m.completion_hidden(ids, mask, 0), m.hidden(ids, mask))  # no prefix: the plain forward
 
 

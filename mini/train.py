@@ -81,15 +81,17 @@ class PolicyHead(torch.nn.Module):
     """The trained modules as one forward, so that DistributedDataParallel syncs the value head's gradients
     with the model's: completion logits (n, Tc, V) and value estimates (n, Tc) or None."""
 
-    def __init__(self, model, value_head, hidden, autocast):
+    def __init__(self, model, value_head, hidden, autocast, fused=True):
         super().__init__()
-        self.model, self.value_head, self.hidden, self.autocast = model, value_head, hidden, autocast
+        self.model, self.value_head, self.hidden, self.autocast, self.fused = model, value_head, hidden, autocast, fused
 
-    def forward(self, ids, mask, Tp):
+    def forward(self, ids, mask, Tp, groups=None):
         with self.autocast():
             # (n, Tc, C): position t predicts token t + 1; the group's shared prompt is computed once
-            h = self.hidden(ids[:, :-1], mask[:, :-1], Tp - 1)
-            return self.model.lm_head(h), self.value_head(h) if self.value_head is not None else None
+            h = self.hidden(ids[:, :-1], mask[:, :-1], Tp - 1, groups)
+            # the output layer's input (grpo.Head): the loss takes log-probs from it, fused or through the logits
+            return grpo.Head.of(h, self.model.lm_head.weight, self.fused), \
+                self.value_head(h) if self.value_head is not None else None
 
 
 class Trainer:
@@ -150,8 +152,8 @@ class Trainer:
         # the training forward may be compiled; generation has its own static-shape step (--compile_decode)
         hidden = self.model.completion_hidden
         hidden = torch.compile(hidden) if cfg.compile and self.cuda else hidden
-        self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast)
-        self.ref_head = PolicyHead(self.ref, None, self.ref.completion_hidden, self.autocast)
+        self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast, cfg.fused_logprobs)
+        self.ref_head = PolicyHead(self.ref, None, self.ref.completion_hidden, self.autocast, cfg.fused_logprobs)
         # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
         self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
             if distributed.active() else None
@@ -247,11 +249,11 @@ class Trainer:
         cfg, K = self.cfg, self.cfg.k_samples
         drawn = (self.source or self.sampler).draw(self.local_batch)
         samples = [s for s in drawn for _ in range(K)]  # groups contiguous
-        prompts = [self.tok.encode(s.prompt) for s in samples]
+        prompts = [p for p in map(self.tok.encode, (s.prompt for s in drawn)) for _ in range(K)]  # each encoded once
         self.model.eval()
         with self.autocast():
             out = generate(self.model, prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
-                           self.tok.eos_token_id, compile_decode=cfg.compile_decode)
+                           self.tok.eos_token_id, compile_decode=cfg.compile_decode, shared_prefix=cfg.shared_prefix_decode)
         completions = [ids for ids, _ in out]
         for s in drawn:
             self.buffer.add_next(s)  # the position one move on: new positions for A: prompts
@@ -292,12 +294,13 @@ class Trainer:
         with torch.no_grad():
             for sl in self.micro_batches(len(r.prompts)):
                 ids, mask, comp_ids = r.ids[sl], r.mask[sl], r.comp_ids[sl]
+                groups = grpo.group_rows(sl, len(r.prompts), cfg.k_samples, self.device)
                 if cfg.kl_type == "k3":
-                    logits = self.ref_head(ids, mask, r.Tp)[0]
-                    ref_logp.append(grpo.token_logprobs(logits, comp_ids, cfg.temperature))
+                    logits = self.ref_head(ids, mask, r.Tp, groups)[0]
+                    ref_logp.append(grpo.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                 if cfg.num_iterations > 1 or cfg.use_gae:
-                    logits, values = self.policy(ids, mask, r.Tp)
-                    old_logp.append(grpo.token_logprobs(logits, comp_ids, cfg.temperature))
+                    logits, values = self.policy(ids, mask, r.Tp, groups)
+                    old_logp.append(grpo.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                     if cfg.use_gae:
                         old_values.append(values)
         r.ref_logp, r.old_logp, r.old_values = (torch.cat(x) if x else None for x in (ref_logp, old_logp, old_values))
@@ -342,16 +345,18 @@ class Trainer:
             for j, sl in enumerate(batches):
                 # DDP averages the gradients at the backward of the last micro-batch only
                 with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else contextlib.nullcontext():
-                    logits, values = (ddp or self.policy)(r.ids[sl], r.mask[sl], r.Tp)
+                    groups = grpo.group_rows(sl, len(r.prompts), cfg.k_samples, self.device)
+                    logits, values = (ddp or self.policy)(r.ids[sl], r.mask[sl], r.Tp, groups)
                     ref_logits = None
                     if cfg.kl_type != "k3":
                         with torch.no_grad():
-                            ref_logits = self.ref_head(r.ids[sl], r.mask[sl], r.Tp)[0]
+                            ref_logits = self.ref_head(r.ids[sl], r.mask[sl], r.Tp, groups)[0]
                     critic = dict(values=values, old_values=r.old_values[sl], returns=returns[sl]) if cfg.use_gae else {}
                     loss, metrics = grpo_loss(
                         logits, r.comp_ids[sl], r.comp_mask[sl], adv[sl], settings, norm,
                         old_logp=r.old_logp[sl] if it > 0 else None,  # epoch 0 is on-policy: ratio 1
-                        ref_logits=ref_logits, ref_logp=r.ref_logp[sl] if r.ref_logp is not None else None, **critic)
+                        ref_logits=ref_logits, ref_logp=r.ref_logp[sl] if r.ref_logp is not None else None, **critic,
+                        with_entropy=self.step % cfg.entropy_every == 0)
                     (loss * self.world if ddp is not None else loss).backward()
                 for k, v in metrics.items():  # each micro-batch's share: they sum to the batch value
                     totals[k] = totals.get(k, 0.0) + v / cfg.num_iterations
