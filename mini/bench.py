@@ -39,8 +39,9 @@ count, so one recompilation or hiccup does not count), after one warm-up step; -
                        the time, so the share is a lower bound.
   peak memory          CUDA: the largest per-step peak allocation; CPU: the process's peak resident memory
 Completions are 64 tokens (--new_tokens), near the real ~58-66 of P:/A:; our rollout is not forced, but random
-weights sample EOS about once in 50,000 tokens, so rows run to the end; transformers and TRL are forced
-(min_new_tokens). TRL runs with the same K (num_generations), forced length (max_completion_length and
+weights sample EOS about once in 50,000 tokens, so rows run to the end (and the scorer sees garbage); transformers
+and TRL are forced (min_new_tokens). With --model_path (a trained snapshot) and --real_lengths, every row samples
+until EOS, ours and TRL's alike, and the scorer gets real completions: completions/s at real lengths. TRL runs with the same K (num_generations), forced length (max_completion_length and
 generation_kwargs min_new_tokens), KL coefficient (beta), loss type, clip range, learning rate, micro-batch
 (per_device_train_batch_size, and gradient_accumulation_steps to make up prompts * k completions, all generated
 at once), bf16 on CUDA, no gradient checkpointing, and a cheap reward (the share of digits); it is timed over
@@ -231,10 +232,13 @@ def ours(a, cfg, device):
           + (f", MFU {out['mfu']:.1%} of {peak_tflops:.0f}" if peak_tflops else " (MFU: pass --peak_tflops)")
           + f"; nominal (every row's prompt) {nominal_tflops:.2f}"
           + (f", MFU {out['nominal_mfu']:.1%}" if peak_tflops else ""))
-    print(f"  decode         {read_gbps:10.1f} GB/s of weight and KV-cache bytes read"
-          + (f", {out['read_roofline_share']:.1%} of the {peak_gbps:.0f} GB/s roofline" if peak_gbps else "")
-          + f"; an ideal decoder's bytes {gbps:.1f} GB/s"
-          + (f", {out['roofline_share']:.1%}" if peak_gbps else ""))
+    if a.real_lengths:  # the decode ran as many steps as the longest row, not --new_tokens: no bandwidth figure
+        out.update(decode_gbps=None, roofline_share=None, decode_read_gbps=None, read_roofline_share=None)
+    else:
+        print(f"  decode         {read_gbps:10.1f} GB/s of weight and KV-cache bytes read"
+              + (f", {out['read_roofline_share']:.1%} of the {peak_gbps:.0f} GB/s roofline" if peak_gbps else "")
+              + f"; an ideal decoder's bytes {gbps:.1f} GB/s"
+              + (f", {out['roofline_share']:.1%}" if peak_gbps else ""))
     print(f"  peak memory    {out['peak_mem_mb'] / 1024:10.2f} GiB")
     return out, tr
 
@@ -276,7 +280,7 @@ def versus_trl(out, snapshot, a, cfg, device, workdir):
         output_dir=os.path.join(workdir, "trl"), report_to="none", save_strategy="no", logging_strategy="no",
         disable_tqdm=True, use_cpu=not cuda, seed=cfg.seed, max_steps=1 + a.trl_steps, shuffle_dataset=False,
         per_device_train_batch_size=mb, gradient_accumulation_steps=n // mb, num_generations=a.k,
-        max_completion_length=a.new_tokens, generation_kwargs={"min_new_tokens": a.new_tokens},
+        max_completion_length=a.new_tokens, generation_kwargs={} if a.real_lengths else {"min_new_tokens": a.new_tokens},
         temperature=cfg.temperature, top_k=cfg.top_k, beta=cfg.kl_coef, loss_type=cfg.loss_type,
         epsilon=cfg.clip_eps_low, epsilon_high=cfg.clip_eps_high, num_iterations=cfg.num_iterations,
         scale_rewards=cfg.scale_rewards, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
@@ -322,17 +326,20 @@ def versus_trl(out, snapshot, a, cfg, device, workdir):
 def bench_step(a):
     device = resolve_device(a.device)
     with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(a.seed)
-        model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, n_positions=256))
-        snapshot = save_model(model, Tokenizer.gpt2(), f"{d}/model")
-        del model
+        snapshot = a.model_path
+        if not snapshot:
+            torch.manual_seed(a.seed)
+            snapshot = save_model(GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, n_positions=256)),
+                                  Tokenizer.gpt2(), f"{d}/model")
         cfg = Config(model_path=snapshot, device=a.device, log_dir=f"{d}/logs", run_name="bench", seed=a.seed,
                      batch_size=a.prompts, k_samples=a.k, max_new_tokens=a.new_tokens, eval_every=0, save_every=0,
                      score_workers=a.score_workers, micro_batch_size=a.micro_batch_size, bf16=a.bf16,
                      compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
                      shared_prefix_decode=a.shared_prefix_decode, fused_logprobs=a.fused_logprobs)
         out, tr = ours(a, cfg, device)
-        if not a.no_transformers:
+        if a.real_lengths and not a.no_transformers:  # its tokens/s would need its lengths: not comparable
+            print("transformers comparison skipped under --real_lengths (its rows stop at other lengths than ours)")
+        elif not a.no_transformers:
             guarded(out, "transformers", versus_transformers, out, tr, a, cfg, device)
         del tr
         free_memory(device)
@@ -491,6 +498,10 @@ def main(argv=None):
     p.add_argument("--bf16", "--no_bf16", action=Switch, default=True, help="bf16 autocast on CUDA")
     p.add_argument("--compile_decode", action="store_true", help="the compiled static-shape decode step")
     p.add_argument("--auto_batch_size", action="store_true", help="step: let the Trainer pick the batch size first")
+    p.add_argument("--model_path", default="", help="step: a snapshot to time (a trained model: completions of real "
+                   "lengths, scored for what they are) instead of random weights of the --n_layer shape")
+    p.add_argument("--real_lengths", action="store_true", help="step: TRL samples until EOS too (not forced to "
+                   "--new_tokens, now a budget), as ours always does; with a trained --model_path")
     for name in ("shared_prefix_decode", "fused_logprobs"):  # the Trainer's switches, for before/after figures
         p.add_argument(f"--{name}", f"--no_{name}", action=Switch, default=FIELDS[name].default,
                        help=FIELDS[name].metadata["help"])

@@ -309,7 +309,7 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     """PPO clipped surrogate per token (GRPO eq. 3, clip-higher of DAPO), the ratio taken per token
     against the behaviour policy that sampled (not the reference):
       ρ_t = exp(log πθ − log π_old),  L_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â).
-    logp (N, T) with grad, old_logp (N, T), adv (N,) or per token (N, T) -> loss, stats."""
+    logp (N, T) with grad, old_logp (N, T), adv (N,) or per token (N, T) -> loss, stats (0-dim tensors)."""
     norm = norm or normalisers(mask)
     a = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     ratio = torch.exp(logp - old_logp.detach())  # (N, T)
@@ -318,9 +318,9 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     r, m = ratio.detach(), mask.bool()
     low = (r < 1 - clip_eps_low) & (a < 0) & m  # clipped: no gradient there (TRL's clip_ratio/low_mean)
     high = (r > 1 + clip_eps_high) & (a > 0) & m  # (clip_ratio/high_mean)
-    stats = {"clip_frac": (low | high).sum().item() / norm["n_tokens"],
-             "clip_low_frac": low.sum().item() / norm["n_tokens"], "clip_high_frac": high.sum().item() / norm["n_tokens"],
-             "ratio_mean": torch.where(m, r, 0.0).sum().item() / norm["n_tokens"]}
+    stats = {"clip_frac": (low | high).sum() / norm["n_tokens"],
+             "clip_low_frac": low.sum() / norm["n_tokens"], "clip_high_frac": high.sum() / norm["n_tokens"],
+             "ratio_mean": torch.where(m, r, 0.0).sum() / norm["n_tokens"]}
     return loss, stats
 
 
@@ -417,10 +417,11 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     Every term uses the global normalisers `norm` (default: this batch's own), so losses and
     metrics of the micro-batches sum to those of the full batch. The kl and entropy metrics are means per
     completion token whatever the loss type, so that --target_kl and --kl_threshold mean one thing.
-    Returns (loss, metrics of floats)."""
+    Returns (loss, metrics): 0-dim detached tensors on the device, summable over micro-batches and read with
+    one host sync by read_metrics; nothing here waits for the device."""
     norm = norm or normalisers(mask)
     agg = lambda x: aggregate(x, mask, s.loss_type, norm)
-    per_token = lambda x: aggregate(x.detach(), mask, "dapo", norm).item()
+    per_token = lambda x: aggregate(x.detach(), mask, "dapo", norm)
     grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
     logp, ent_t = head_logprobs(logits, ids, s.temperature, with_entropy or s.entropy_coef != 0)  # (N, T) each
     pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
@@ -442,6 +443,14 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     if values is not None:
         vl = value_loss(values, old_values, returns, mask, s.value_clip, s.loss_type, norm)
         loss = loss + s.value_coef * vl
-        metrics["value_loss"] = vl.item()
-    metrics.update(loss=loss.item(), policy_loss=pl.item())
+        metrics["value_loss"] = vl.detach()
+    metrics.update(loss=loss.detach(), policy_loss=pl.detach())
     return loss, metrics
+
+
+def read_metrics(metrics, reduce=None):
+    """{name: float} of metrics (0-dim tensors on the device, or numbers), read in one host sync; reduce:
+    applied to the stacked float64 values first (distributed.all_sum under torchrun)."""
+    device = next((v.device for v in metrics.values() if torch.is_tensor(v)), None)
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in metrics.values()])
+    return dict(zip(metrics, (values if reduce is None else reduce(values)).tolist()))

@@ -219,9 +219,11 @@ if b:
         ("rollout ours / transformers",
          num(b.get("rollout_vs_hf"), "{:.2f}x") + compiled(c and hf and f"{c['rollout_tok_s'] / hf:.2f}x")),
         ("seconds per phase", ", ".join(f"{k} {v:.2f}" for k, v in b["seconds"].items())),
-        ("training phase", f"{b['train_tflops']:.2f} TFLOP/s, MFU {pct(b['mfu'])}"),
-        ("decode bandwidth", f"{b['decode_gbps']:.1f} GB/s, roofline {pct(b['roofline_share'])}"
-                             + compiled(c and f"{c['decode_gbps']:.1f} GB/s, {pct(c['roofline_share'])}")),
+        ("training phase", f"{b['train_tflops']:.2f} TFLOP/s executed, MFU {pct(b['mfu'])} "
+                           f"(nominal {b['nominal_tflops']:.2f}, MFU {pct(b['nominal_mfu'])})"),
+        ("decode bandwidth", f"{b['decode_read_gbps']:.1f} GB/s read, roofline {pct(b['read_roofline_share'])} "
+                             f"(ideal {b['decode_gbps']:.1f} GB/s, {pct(b['roofline_share'])})"
+                             + compiled(c and f"{c['decode_read_gbps']:.1f} GB/s, {pct(c['read_roofline_share'])}")),
         ("peak memory", f"ours {b['peak_mem_mb'] / 1024:.2f} GiB"
                         + (f", TRL {b['trl_peak_mem_mb'] / 1024:.2f} GiB" if b.get("trl_peak_mem_mb") else "")),
     ]

@@ -11,8 +11,8 @@ from hypothesis import example, given, settings, strategies as st
 from torch.distributions import Categorical, kl_divergence
 
 from mini.grpo import (AdaptiveKLController, Head, LossSettings, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
-                       group_advantages, group_rows, grpo_loss, head_logprobs, k3_kl, kl_coef_at, normalisers, policy_loss, token_logprobs,
-                       value_loss)
+                       group_advantages, group_rows, grpo_loss, head_logprobs, k3_kl, kl_coef_at, normalisers, policy_loss,
+                       read_metrics, token_logprobs, value_loss)
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
 LENS = [6, 3, 2, 1, 6, 2, 4, 5]  # uneven completion lengths, N = 8 = 2 groups of K = 4
@@ -185,9 +185,10 @@ def test_micro_batching_gives_same_loss_and_gradient(loss_type, kl_type):
     full, micro = run(8), run(2)
     assert micro[0] == pytest.approx(full[0], abs=1e-6)
     assert torch.allclose(micro[1], full[1], atol=1e-7) and torch.allclose(micro[2], full[2], atol=1e-7)
-    assert micro[3] == pytest.approx(full[3], abs=1e-6)  # metrics are summable shares too
+    assert read_metrics(micro[3]) == pytest.approx(read_metrics(full[3]), abs=1e-6)  # metrics are summable shares too
     assert set(full[3]) >= {"loss", "policy_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss"}
-    assert all(type(val) is float for val in full[3].values())  # nothing graph-attached
+    assert all(val.dim() == 0 and not val.requires_grad for val in full[3].values())  # nothing graph-attached
+    assert all(type(val) is float for val in read_metrics(full[3]).values())  # read once, as numbers
 
 
 def test_grpo_loss_terms_and_on_policy_default():

@@ -209,7 +209,7 @@ def trainer_update(t, rewards):
     return r, stats, epochs
 
 
-CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the whole rollout; two epochs; GAE
+CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the whole rollout; two epochs; GAE; fused
     "grpo-k3-whole": [],
     # a budget no row reaches: Dr. GRPO's constant differs from the padded width
     "dr_grpo-forward-micro2": ["--loss_type", "dr_grpo", "--kl_type", "forward", "--micro_batch_size", "2",
@@ -217,6 +217,9 @@ CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the w
     "dapo-k3-micro1-2epochs": ["--loss_type", "dapo", "--micro_batch_size", "1", "--num_iterations", "2"],
     "grpo-gae-micro2-2epochs": ["--use_gae", "--gamma", "0.9", "--gae_lambda", "0.8", "--micro_batch_size", "2",
                                 "--num_iterations", "2"],
+    # the fused output layer (grpo.Head): log-probs and the entropy bonus from it, the exact KL through its logits
+    "dapo-forward-fused-micro2": ["--fused_logprobs", "--loss_type", "dapo", "--kl_type", "forward",
+                                  "--micro_batch_size", "2"],
 }
 
 

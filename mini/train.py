@@ -81,7 +81,7 @@ class PolicyHead(torch.nn.Module):
     """The trained modules as one forward, so that DistributedDataParallel syncs the value head's gradients
     with the model's: completion logits (n, Tc, V) and value estimates (n, Tc) or None."""
 
-    def __init__(self, model, value_head, hidden, autocast, fused=True):
+    def __init__(self, model, value_head, hidden, autocast, fused=False):
         super().__init__()
         self.model, self.value_head, self.hidden, self.autocast, self.fused = model, value_head, hidden, autocast, fused
 
@@ -360,15 +360,17 @@ class Trainer:
                     (loss * self.world if ddp is not None else loss).backward()
                 for k, v in metrics.items():  # each micro-batch's share: they sum to the batch value
                     totals[k] = totals.get(k, 0.0) + v / cfg.num_iterations
-            seen = totals if ddp is None else dict(zip(totals, distributed.all_sum(  # the ranks' shares sum up too
-                torch.tensor(list(totals.values()), dtype=torch.float64)).tolist()))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            if not (math.isfinite(seen["loss"]) and torch.isfinite(grad_norm)):  # the same verdict on every rank
+            if ddp is None:  # the metrics stayed on the device until here: one host sync per epoch
+                seen = grpo.read_metrics({**totals, "grad_norm": grad_norm})
+            else:  # the ranks' shares sum up too; the gradient, and its norm, is already the same on every rank
+                seen = {**grpo.read_metrics(totals, distributed.all_sum), "grad_norm": grad_norm.item()}
+            if not (math.isfinite(seen["loss"]) and math.isfinite(seen["grad_norm"])):  # the same verdict on every rank
                 return None  # nothing reaches the weights; the caller rolls back
             if apply:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**seen, "grad_norm": grad_norm.item(), "kl_coef": kl_coef, "lr": lr}
+        return {**seen, "kl_coef": kl_coef, "lr": lr}
 
     # ------------------------------------------------------------------------- tensors of a rollout
 
