@@ -31,9 +31,9 @@ import chess
 import chess.engine
 from huggingface_hub.utils import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, at_least
-from mini.formats import legal_ucis
-from mini.positions import iter_positions
+from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
+from mini.formats import legal_ucis, position_key
+from mini.positions import HISTORY_BUCKETS, game_transitions, history_bucket, iter_positions, phase, play_game, random_env_sample
 
 CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
 BLUNDER_CP = 200  # a move that loses this much is a blunder (chess_eval.py, evaluate.py)
@@ -310,16 +310,123 @@ class Annotator:
         self.close()
 
 
-def write_jsonl(path, meta, positions, labels):
-    """Header record, then one position per line; written to a temporary file first, then renamed."""
+def write_jsonl(path, meta, positions, labels, transitions=()):
+    """Header record, then one P: position per line (with its phase when known), then one A: transition per
+    line ({"fen", "move", "history"}: python-chess labels it on loading); written to a temporary file first,
+    then renamed."""
     tmp = path + ".tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps({"meta": meta}) + "\n")
-        for fen, history, _ in positions:
+        for fen, history, phase_name in positions:
             moves, evals = labels[fen]
-            record = {"fen": fen, "moves": moves, "evals": evals, "history": history}
+            record = {"fen": fen, "moves": moves, "evals": evals, "history": history, "phase": phase_name}
             f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        for fen, move, history in transitions:
+            f.write(json.dumps({"fen": fen, "move": move, "history": history}, separators=(",", ":")) + "\n")
     os.replace(tmp, path)
+
+
+GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shipped: rebuilt by the command in README
+def play_games(tag, n, stockfish_path, workers):
+    """n games of positions.play_game, game i seeded by (tag, i): the same games whatever the worker count."""
+    path = find_stockfish(stockfish_path)
+
+    def one(i):
+        engine = engines.get()
+        try:
+            return play_game(engine, random.Random(f"{tag}-{i}"))
+        finally:
+            engines.put(engine)
+
+    engines = queue.Queue()
+    for _ in range(workers):
+        engine = chess.engine.SimpleEngine.popen_uci(path)
+        engine.configure({"Threads": 1})
+        engines.put(engine)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(tqdm(pool.map(one, range(n)), total=n, desc=f"{tag} games", unit="game"))
+    finally:
+        while not engines.empty():
+            _close(engines.get())
+
+
+def game_positions(games, rng, n, exclude=frozenset()):
+    """n distinct positions (fen, history, phase) drawn uniformly over the plies of the games, none over
+    and none whose key is in exclude."""
+    seen, out = set(exclude), []
+    candidates = [(fen, history) for moves, _ in games for fen, history, _ in game_transitions(moves)]
+    rng.shuffle(candidates)
+    for fen, history in candidates:
+        key = position_key(fen)
+        if key not in seen:
+            seen.add(key)
+            out.append((fen, history, phase(chess.Board(fen))))
+            if len(out) == n:
+                break
+    return out
+
+
+def game_env_records(games, rng, exclude=frozenset(), per_bucket=None, cut_rate=0.25):
+    """Distinct A: transitions of the games as (fen, move, history incl. move): the move played (88%), an illegal
+    move (10%) or no UCI move (2%), none on or onto a position whose key is in exclude. The history is the game's
+    own, cut to a random shorter length a cut_rate share of the time: a position handed over without its whole
+    game. per_bucket: that many of each history-length bucket (HISTORY_BUCKETS), from positions after the first
+    two plies (the start position is in every game, so it cannot be held out), each cut to a length drawn
+    within its bucket; else every transition once."""
+    plies = [(fen, history, played) for moves, _ in games for fen, history, played in game_transitions(moves)]
+    rng.shuffle(plies)
+    out, seen = [], set()
+    for lo, hi in HISTORY_BUCKETS if per_bucket is not None else [(None, None)]:
+        taken = 0
+        for fen, history, played in plies:
+            if per_bucket is not None:
+                if taken == per_bucket:
+                    break
+                if len(history) < max(2, hi - 1):
+                    continue
+                history = history[len(history) - rng.randint(lo, hi) + 1:]
+            elif history and rng.random() < cut_rate:
+                history = history[rng.randint(1, len(history)):]
+            s = random_env_sample(fen, history, rng, illegal_rate=0.10, move=played)
+            key = (position_key(s.fen), s.move, tuple(s.history))
+            if key in seen or position_key(s.fen) in exclude or (s.next_fen and position_key(s.next_fen) in exclude):
+                continue
+            seen.add(key)
+            out.append((s.fen, s.move, s.history))
+            taken += 1
+    return out
+
+
+def build_from_games(a):
+    """--games: realistic data. Eval games (seeded "<seed>-eval") give the held-out P: positions and A:
+    transitions per history bucket; training games ("<seed>-train") the pool's P: positions and every one of
+    their A: transitions, none on a held-out position."""
+    t0 = time.time()
+    rng = random.Random(a.seed)
+    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers)
+    train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers)
+    eval_positions = game_positions(eval_games, rng, a.eval)
+    eval_env = game_env_records(eval_games, rng, per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
+    held_out = {position_key(f) for f, _, _ in eval_positions}
+    for fen, move, history in eval_env:
+        held_out.add(position_key(fen))
+        board = chess.Board(fen)
+        if move in legal_ucis(fen):
+            board.push_uci(move)
+            held_out.add(position_key(board.fen()))
+    pool_positions = game_positions(train_games, rng, a.pool, exclude=held_out)
+    pool_env = game_env_records(train_games, rng, exclude=held_out)
+    with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
+        labels = ann.annotate([fen for fen, _, _ in eval_positions + pool_positions])
+        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
+                "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
+    write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
+    write_jsonl(a.pool_path, {**meta, "games": a.games}, pool_positions, labels, pool_env)
+    print(f"wrote {len(pool_positions)} pool positions and {len(pool_env)} A: transitions of {a.games} games, "
+          f"{len(eval_positions)} eval positions and {len(eval_env)} A: transitions of {a.eval_games} games "
+          f"({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 
 
 def main(argv=None):
@@ -336,9 +443,19 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes")
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     p.add_argument("--cache", default=DEFAULT_CACHE, help="JSONL cache of analyses ('' for none)")
-    p.add_argument("--pool_path", default=POOL_PATH)
-    p.add_argument("--eval_path", default=EVAL_PATH)
+    p.add_argument("--pool_path", default=None, help=f"default {POOL_PATH}; with --games {GAMES_POOL_PATH}")
+    p.add_argument("--eval_path", default=None, help=f"default {EVAL_PATH}; with --games {REAL_EVAL_PATH}")
+    p.add_argument("--games", type=int, default=0, help="training games of realistic play (positions.play_game) "
+                   "instead of generated positions: the pool's positions and A: transitions come from them")
+    p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games)")
+    p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
+                   "(with --games)")
     a = p.parse_args(argv)
+    a.argv = sys.argv[1:] if argv is None else argv
+    if a.games:
+        a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
+        return build_from_games(a)
+    a.pool_path, a.eval_path = a.pool_path or POOL_PATH, a.eval_path or EVAL_PATH
     t0 = time.time()
     need, source, rng, positions = a.pool + a.eval, iter_positions(a.seed), random.Random(a.seed), []
     with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, a.cache, multipv=1) as screen:

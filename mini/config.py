@@ -15,6 +15,7 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")  # held-out mate-in-one positions (mini/chess_eval.py)
+REAL_EVAL_PATH = os.path.join(DATA_DIR, "eval_games.jsonl")  # held-out positions and A: transitions of realistic games
 SHIPPED_MODEL = os.path.join(DATA_DIR, "rookworld-8m")  # a small RookWorld-format model that needs no network
 # Stockfish evals after a move (--p_reward engine), shared across runs
 ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
@@ -70,7 +71,10 @@ class Config:
                            "the same way, mixed with the pool by --selfplay_mix; train.py only)",
                            ["pool", "file", "generate", "selfplay"], scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
-                         "with --data_source file", scripts=BOTH)
+                         "with --data_source file; several, comma-separated, are one source", scripts=BOTH)
+    policy_pad: str = opt("90", "P: prompts' FEN padding: 90 (the generator code's), 89 (RookWorld's validation file's) "
+                          "or both (each P: prompt drawn at either: a model robust to both)", choices=("90", "89", "both"),
+                          scripts=BOTH)
     skip_bad_lines: bool = opt(True, "skip malformed data lines, reported as file:line, up to 100 (else stop at the "
                                "first one)", scripts=BOTH)
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)", scripts=BOTH)

@@ -57,6 +57,7 @@ import sys
 import time
 from collections import defaultdict
 
+import chess
 import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
@@ -64,9 +65,9 @@ from huggingface_hub.utils import tqdm
 from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
-from mini.formats import ILLEGAL_KINDS, illegal_kind, legal_ucis, parse_env, parse_policy
+from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model
-from mini.positions import random_env_sample
+from mini.positions import history_bucket, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
@@ -74,19 +75,21 @@ from mini.sampler import generate
 BATCH_SIZE = 64
 
 
-def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH):
-    """The first n P: positions of the eval set, and n A: transitions on the same positions (fixed seed)."""
-    policy = load_jsonl(path)[:n_per_task]
+def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH, pad=90):
+    """The first n P: positions of the eval set (FEN padded to pad), and its first n A: transitions when it holds
+    some (the realistic games' set), else n A: transitions on the same positions (fixed seed)."""
+    samples = load_jsonl(path)
+    policy = [repad(s, pad) for s in samples if s.task == "P"][:n_per_task]
+    env = [s for s in samples if s.task == "A"][:n_per_task]
     rng = random.Random(seed)
-    env = [random_env_sample(s.fen, s.history, rng) for s in policy]
-    return policy + env
+    return policy + (env or [random_env_sample(s.fen, s.history, rng) for s in policy])
 
 
-def load_eval_set(path, n_per_task):
+def load_eval_set(path, n_per_task, pad=90):
     """Shipped eval set when path is empty, held_out_samples of a .jsonl, else the first n P: and A: lines."""
     if not path or path.endswith(".jsonl"):
-        return held_out_samples(n_per_task, path=path or EVAL_PATH)
-    samples = load_text(path)[0]
+        return held_out_samples(n_per_task, path=path or EVAL_PATH, pad=pad)
+    samples = [repad(s, pad) for s in load_text(path)[0]]
     samples = [s for s in samples if s.task == "P"][:n_per_task] + [s for s in samples if s.task == "A"][:n_per_task]
     if not samples:
         raise ValueError(f"{path} holds no valid RookWorld P: or A: line")
@@ -112,6 +115,9 @@ def policy_values(s, completion):
            ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
     kind = illegal_kind(s.fen, best) if best is not None and best not in legal else None  # a legal move has none
     out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
+    out.append((f"best_legal_{phase(chess.Board(s.fen))}", best in legal))
+    if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
+        out.append(("best_acc_pv1_legal", best == pv1))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
         out.append(("best_acc_label" + suffix, best == s.best))
         if pv1:
@@ -126,21 +132,23 @@ def env_values(s, completion, comps):
            ("truncated_acc", comps["truncated_exact"])]
     if comps["format_valid"]:
         out.append(("reward_mae", abs(clip(parse_env(completion)[1], 1.0) - s.reward)))
-    return out
+    return out + [(f"next_state_exact_h{history_bucket(len(s.history))}", comps["fen_exact"])]
 
 
 def quality_values(samples, completions, engine):
     """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine;
     a P: move the engine could not judge gets None values, so that the lists stay aligned with the P: samples."""
     out = []
-    for s, (_, q) in zip(samples, judge_moves(engine, samples, completions)):
+    for s, (move, q) in zip(samples, judge_moves(engine, samples, completions)):
         if s.task != "P":
             out.append([])
         elif q is None:
             out.append([(k, None) for k in ("cpl", "winprob_loss", "blunder", "move_score")])
         else:
             out.append([("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]), ("blunder", q["cpl"] >= BLUNDER_CP),
-                        ("move_score", q["score"])])
+                        ("move_score", q["score"])]
+                       # over legal moves only (None otherwise, left out of the mean): how good a legal answer is
+                       + [("cpl_legal", q["cpl"] if move in legal_ucis(s.fen) else None)])
     return out
 
 
@@ -272,7 +280,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
         raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
                          f"{reports[1]['shaping']}; evaluate both with the same --shaping")
     data = reports[0]["data"]
-    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"])
+    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"], reports[0].get("pad", 90))
     stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(
         x.get("label", s.completion) != s.completion for r in reports for s, x in zip(samples, r["samples"]))
     if stale:  # the completions would be scored against other positions or labels
@@ -290,6 +298,7 @@ def main(argv=None):
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two JSON reports: deltas with bootstrap CIs")
     p.add_argument("--data", default="", help="RookWorld text file or annotated .jsonl (default: the shipped eval set)")
     p.add_argument("--n", type=int, default=cfg.eval_n, help="prompts per task")
+    p.add_argument("--pad", type=int, default=90, choices=PAD_WIDTHS, help="P: prompts' FEN padding (formats.PAD_WIDTHS)")
     p.add_argument("--out", default="", help="JSON report (default: eval.json in the model directory)")
     p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
@@ -331,7 +340,7 @@ def main(argv=None):
         p.error("--model_path is required (or --compare BEFORE AFTER)")
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
-        samples = load_eval_set(args.data, args.n)
+        samples = load_eval_set(args.data, args.n, args.pad)
         model, tok = load_model(args.model_path, device)
         t0 = time.perf_counter()
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
@@ -349,7 +358,7 @@ def main(argv=None):
         print(f"{k:28s} {v:9.4f} {len(known(values.get(k, values.get(k.removesuffix('_median'), [])))):6d}")
     print(f"{len(samples)} prompts in {seconds:.1f}s")
     out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
-    report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n,
+    report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n, "pad": args.pad,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
               "metrics": metrics, "counts": {k: len(known(v)) for k, v in values.items()},
               "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path},
