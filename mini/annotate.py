@@ -27,8 +27,11 @@ import sys
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 
+from collections import Counter
+
 import chess
 import chess.engine
+import numpy as np
 from huggingface_hub.utils import tqdm
 
 from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
@@ -429,6 +432,28 @@ def build_from_games(a):
           f"({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 
 
+def describe(path):
+    """The distributions of a data file, as lines: move number, pieces on the board and phase of its P:
+    positions; history length of its A: transitions (the move included)."""
+    from mini.dataset import load_jsonl  # TODO(merge h45): top-level once annotate.py is only the data command
+    samples = load_jsonl(path)
+    boards = [chess.Board(s.fen) for s in samples if s.task == "P"]
+    lines = [f"{path}: {len(boards)} P: positions, {len(samples) - len(boards)} A: transitions"]
+    for name, values in (("move number", [b.fullmove_number for b in boards]),
+                         ("pieces", [len(b.piece_map()) for b in boards])):
+        if values:
+            lines.append(f"  {name:12s} p10 / p50 / p90: " + " / ".join(f"{np.percentile(values, q):.0f}" for q in (10, 50, 90)))
+    if boards:
+        phases = Counter(phase(b) for b in boards)
+        lines.append("  phase        " + ", ".join(f"{k} {100 * phases[k] / len(boards):.0f}%"
+                                                    for k in ("opening", "middlegame", "endgame")))
+    env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
+    if env:
+        lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(
+            env.items(), key=lambda kv: int(kv[0].split("-")[0]))))
+    return lines
+
+
 def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
@@ -450,7 +475,12 @@ def main(argv=None):
     p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games)")
     p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
                    "(with --games)")
+    p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
+    if a.describe:
+        for path in a.describe:
+            print("\n".join(describe(path)))
+        return
     a.argv = sys.argv[1:] if argv is None else argv
     if a.games:
         a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
