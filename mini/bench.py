@@ -66,10 +66,10 @@ from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
-from mini.annotate import find_stockfish
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
 from mini.runtime import autocast, peak_memory_mb, resolve_device
 from mini.sampler import generate, pad_left
+from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
 from mini.train import Trainer
 

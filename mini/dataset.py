@@ -12,10 +12,10 @@ from functools import lru_cache
 
 import chess
 
-from mini.annotate import Annotator
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
 from mini.formats import check_policy, parse_line, policy_sample, position_key
 from mini.positions import iter_positions, random_env_sample
+from mini.stockfish import Annotator
 
 
 MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld data: stop

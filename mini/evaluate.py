@@ -59,9 +59,8 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from huggingface_hub.utils import tqdm
+from tqdm.auto import tqdm
 
-from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, illegal_kind, legal_ucis, parse_env, parse_policy
@@ -70,6 +69,7 @@ from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
+from mini.stockfish import BLUNDER_CP, find_stockfish
 
 BATCH_SIZE = 64
 

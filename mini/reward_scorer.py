@@ -58,8 +58,8 @@ import os
 import threading
 from dataclasses import dataclass, replace
 
-from mini.annotate import CP_CAP, MATE_CP, Annotator, cp_loss, find_stockfish
 from mini.formats import legal_ucis, parse_env, parse_policy
+from mini.stockfish import CP_CAP, MATE_CP, Annotator, cp_loss, find_stockfish
 
 INVALID = -0.3
 GRADUATED = (0.2, 0.4, 0.6, 0.8, 1.0)

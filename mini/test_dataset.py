@@ -12,12 +12,12 @@ from contextlib import closing
 import chess
 import pytest
 
-from mini.annotate import Annotator
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, ReplayBuffer, StreamSampler, TaskSampler, held_out_keys, load_jsonl,
                           load_text, make_sampler)
 from mini.formats import env_completion, env_sample, legal_ucis, parse_line, policy_sample, position_key
 from mini.positions import generate_positions, iter_positions, random_env_sample
+from mini.stockfish import Annotator
 from mini.test_annotate import needs_stockfish
 from mini.test_formats import A_LINES, P_LINES, PINNED, START
 

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-import mini.evaluate as ev
 from mini.config import EVAL_PATH
+import mini.evaluate as ev
 from mini.formats import legal_ucis, parse_line
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
-from mini.annotate import find_stockfish
 from mini.reward_scorer import EngineReward, score
+from mini.stockfish import find_stockfish
 from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
 
@@ -127,7 +127,7 @@ def test_hand_computed():
 def test_engine_quality_is_the_reward_function():
     """Move quality by hand for labelled and illegal moves; for an unlabelled move it equals the engine
     reward's best component, both from reward_scorer.move_quality."""
-    from mini.annotate import find_stockfish
+    from mini.stockfish import find_stockfish
     from mini.reward_scorer import EngineReward, score_chunk, win_prob
     try:
         engine = EngineReward(find_stockfish(), depth=8)

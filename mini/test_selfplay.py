@@ -11,13 +11,13 @@ import chess
 import pytest
 import torch
 
-import mini.chess_eval as ce
-from mini.annotate import find_stockfish
 from mini.config import EVAL_PATH, POOL_PATH
 from mini.dataset import TaskSampler, load_jsonl
 from mini.formats import env_sample, legal_ucis, position_key
+from mini.games import game_starts, load_mates, opening_board
 from mini.model import GPT, GPTConfig
 from mini.selfplay import SelfPlaySource
+from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
 
 try:
@@ -41,7 +41,7 @@ def source(tmp_path, pool=None, **kw):
 
 def line(start, rule, n):
     """FENs before each of n moves by rule from a named start."""
-    board, out = ce.opening_board(start), []
+    board, out = opening_board(start), []
     for _ in range(n):
         out.append(board.fen())
         board.push_uci(rule(sorted(legal_ucis(board.fen()))))
@@ -71,7 +71,7 @@ def test_positions_follow_the_current_policy(tmp_path):
         new = [t for k, t in src.moves.items() if k not in before]
         assert new and played_by(new, RULES["last"])
         # 6 plies reached after 2 more: every game restarted from the next starts, then played 2 plies
-        assert [g["start"] for g in src.games] == ce.game_starts(6)[3:] and [g["plies"] for g in src.games] == [2, 2, 2]
+        assert [g["start"] for g in src.games] == game_starts(6)[3:] and [g["plies"] for g in src.games] == [2, 2, 2]
         assert src.pending and all(position_key(f) not in src.positions for f, _ in src.pending)
         keys = [position_key(f) for f, _ in src.pending]
         assert len(keys) == len(set(keys))
@@ -127,7 +127,7 @@ def test_held_out_positions_never_enter(tmp_path):
         assert {s.task for s in samples} == {"P", "A"}
         # the A: move that leads there is out too (its completion shows the position)
         assert all(key != position_key(env_sample(*t).next_fen) for t in src.moves.values())
-        shipped = [json.loads(x)["fen"] for x in open(EVAL_PATH) if '"fen"' in x] + [r["fen"] for r in ce.load_mates()]
+        shipped = [json.loads(x)["fen"] for x in open(EVAL_PATH) if '"fen"' in x] + [r["fen"] for r in load_mates()]
         assert {position_key(f) for f in shipped} <= src.held_out
 
 

@@ -27,10 +27,10 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mini import distributed, grpo
-from mini.chess_eval import quick_metrics
 from mini.config import FIELDS, given_flags, parse_args
 from mini.dataset import ReplayBuffer, make_sampler
 from mini.evaluate import evaluate, held_out_samples
+from mini.games import quick_metrics
 from mini.loader import LoadError, load_model, save_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
