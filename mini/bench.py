@@ -61,7 +61,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 import torch
 
 from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
@@ -112,7 +112,7 @@ def device_name(device):
 
 def pool_prompts(n, seed=0):
     """n real mixed P:/A: prompts (text) from the shipped pool, A: share as in training."""
-    return [s.prompt for s in TaskSampler(load_jsonl(POOL_PATH), Config.mix_env_ratio, seed=seed).draw(n)]
+    return [s.prompt for s in PoolSource(load_jsonl(POOL_PATH), Config.mix_env_ratio, seed=seed).draw(n)]
 
 
 def hf_generate(model, tok, prompts, new_tokens, device, cfg):

@@ -110,7 +110,7 @@ MUTANTS = [
            ("mini/test_train.py::test_kl_threshold_stops_cleanly",)),
     Mutant("env_ratio_off", "A: tasks are drawn at 0.8 x --mix_env_ratio",
            "dataset.py", "self.rng.random() >= self.env_ratio", "self.rng.random() >= 0.8 * self.env_ratio",
-           ("mini/test_dataset.py::test_task_sampler_mix",)),
+           ("mini/test_dataset.py::test_pool_source_mix",)),
     # torchrun (mini/test_distributed.py: 2 gloo processes against 1)
     Mutant("local_token_count", "under torchrun each rank divides its loss by its own token count, not the global one",
            "train.py", "norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))", "pass", (TWO_RANKS_STEP,)),

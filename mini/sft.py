@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import parse_args
-from mini.dataset import ReplayBuffer, make_sampler
+from mini.dataset import ReplayBuffer, make_source
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
@@ -51,18 +51,18 @@ FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocab
 
 
 class SFTData:
-    """Endless training samples of the configured mix, none on a held-out position (the sampler draws
+    """Endless training samples of the configured mix, none on a held-out position (the source draws
     none, the replay buffer takes none)."""
 
     def __init__(self, cfg):
         self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
-        self.sampler = make_sampler(cfg, self.buffer)  # leaves held-out positions out
+        self.source = make_source(cfg, self.buffer)  # leaves held-out positions out
         self.positions = iter_positions(cfg.seed)
 
     def batch(self, n):
         fen, history, _ = next(self.positions)  # one fresh generated position per batch (~10 ms)
         self.buffer.add(fen, history)
-        out = self.sampler.draw(n)
+        out = self.source.draw(n)
         for s in out:
             self.buffer.add_next(s)  # walks games on, so A: positions keep changing
         return out
@@ -194,7 +194,7 @@ def train_sft(cfg, run):
     finally:
         bar.close()
         reporter.close()
-        data.sampler.close()
+        data.source.close()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     if stop:

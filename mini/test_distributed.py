@@ -16,7 +16,7 @@ import torch
 
 import mini.train as train
 from mini.config import POOL_PATH, parse_args
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.loader import load_model
 from mini.runs import load_checkpoint
 from mini.test_train import (FULL_STATE, STEPS, args, assert_same_final_state, install_scripted_reward,
@@ -81,7 +81,7 @@ def fixed_step(cfg):
     """One learn() on a fixed global batch of PROMPTS x K rows, of which this rank takes its share; rank 0
     saves the weights, value head and metrics row to <run>/result.pt."""
     t = train.Trainer(cfg)
-    samples = [s for s in TaskSampler(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
+    samples = [s for s in PoolSource(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]

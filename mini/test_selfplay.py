@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mini.config import EVAL_PATH, POOL_PATH
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.formats import env_sample, legal_ucis, position_key
 from mini.games import game_starts, load_mates, opening_board
 from mini.model import GPT, GPTConfig
@@ -134,7 +134,7 @@ def test_held_out_positions_never_enter(tmp_path):
 @needs_stockfish
 def test_state_dict_resumes_exactly(tmp_path):
     pool_samples = load_jsonl(POOL_PATH)[:50]
-    pool = TaskSampler(pool_samples, 0.2, seed=1)
+    pool = PoolSource(pool_samples, 0.2, seed=1)
     with source(tmp_path, pool, mix=0.6, plies=3, seed=5) as a:
         a.refresh("random")
         a.draw(10)
@@ -143,7 +143,7 @@ def test_state_dict_resumes_exactly(tmp_path):
         assert a.pending
         torch.save({"selfplay": a.state_dict(), "pool_rng": pool.rng.getstate()}, tmp_path / "ckpt.pt")
         saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-        pool_b = TaskSampler(pool_samples, 0.2, seed=99)
+        pool_b = PoolSource(pool_samples, 0.2, seed=99)
         pool_b.rng.setstate(saved["pool_rng"])
         with source(tmp_path, pool_b, mix=0.6, plies=3, seed=5) as b:
             b.load_state_dict(saved["selfplay"])
@@ -159,7 +159,7 @@ def test_state_dict_resumes_exactly(tmp_path):
 
 @needs_stockfish
 def test_mix_and_draw_before_refresh(tmp_path):
-    pool = TaskSampler(load_jsonl(POOL_PATH)[:20], 0.0, seed=0)
+    pool = PoolSource(load_jsonl(POOL_PATH)[:20], 0.0, seed=0)
     with source(tmp_path, pool, mix=0.0) as src:
         src.refresh("first")
         assert {s.prompt for s in src.draw(20)} <= {s.prompt for s in pool.policy}  # mix 0: the pool only

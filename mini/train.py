@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed, grpo
 from mini.config import FIELDS, given_flags, parse_args
-from mini.dataset import ReplayBuffer, make_sampler
+from mini.dataset import ReplayBuffer, make_source
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
 from mini.loader import LoadError, load_model, save_model
@@ -96,7 +96,7 @@ class Trainer:
     """GRPO on one process, or on every rank of torchrun (mini/distributed.py): each rank samples, scores and
     differentiates its batch_size / world_size prompts; the advantages, the loss normalisers and the metrics
     are those of the global batch; rank 0 writes the logs and checkpoints (which hold every rank's RNG and
-    sampler state) while the others wait for it."""
+    prompt source's state) while the others wait for it."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -163,7 +163,7 @@ class Trainer:
         self.baseline = grpo.RewardBaseline(cfg.baseline_type, cfg.ema_decay)
         self.buffer = ReplayBuffer(seed=cfg.seed + self.rank)
         try:
-            self.sampler = make_sampler(cfg, self.buffer, self.rank)
+            self.source = make_source(cfg, self.buffer, self.rank)
         except (ValueError, OSError) as e:  # a missing or malformed data file, no Stockfish for --data_source generate
             raise StopRun(f"error: {e}") from None
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 and self.main else []
@@ -171,11 +171,11 @@ class Trainer:
             self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
         except FileNotFoundError as e:  # --p_reward engine without Stockfish: says how to install it
             raise StopRun(f"error: {e}") from None
-        self.source = None  # --data_source selfplay: positions from the policy's own games
+        self.selfplay = None  # --data_source selfplay: positions from the policy's own games
         if cfg.data_source == "selfplay":
             try:
-                self.source = SelfPlaySource(
-                    self.tok, self.sampler, games=cfg.selfplay_games, plies=cfg.selfplay_plies,
+                self.selfplay = SelfPlaySource(
+                    self.tok, self.source, games=cfg.selfplay_games, plies=cfg.selfplay_plies,
                     temperature=cfg.selfplay_temperature, top_k=cfg.selfplay_top_k, max_new_tokens=cfg.max_new_tokens,
                     mix=cfg.selfplay_mix, env_ratio=cfg.mix_env_ratio, depth=cfg.stockfish_depth,
                     workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed + self.rank)
@@ -195,9 +195,9 @@ class Trainer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()  # peak_mem_mb is this step's
         timer, sampling = PhaseTimer(self.cuda), {}
-        if self.source is not None and self.step % self.cfg.selfplay_refresh == 0:
+        if self.selfplay is not None and self.step % self.cfg.selfplay_refresh == 0:
             with timer("selfplay"):
-                self.source.refresh(self.model, self.autocast())
+                self.selfplay.refresh(self.model, self.autocast())
         if self.cfg.dynamic_sampling:
             r, sampling = self.informative_rollout(timer)
             with timer("ref_logprobs"):
@@ -233,7 +233,7 @@ class Trainer:
             self.kl_ctl.update(stats["kl"])
         self.step += 1
         m = {"step": self.step, **stats, **adv_stats, **merge_sampling([part[4] for part in ranks]),
-             **(self.source.metrics if self.source else {}), **reward_metrics(rewards, tasks, scores),
+             **(self.selfplay.metrics if self.selfplay else {}), **reward_metrics(rewards, tasks, scores),
              "prompt_tokens": sum(part[3] for part in ranks), "completion_tokens": sum(lens),
              "completion_len_mean": sum(lens) / len(lens),
              "completion_clipped_ratio": sum(n >= cfg.max_new_tokens for n in lens) / len(lens),
@@ -245,7 +245,7 @@ class Trainer:
     def rollout(self):
         """Sample K completions for each of batch_size prompts."""
         cfg, K = self.cfg, self.cfg.k_samples
-        drawn = (self.source or self.sampler).draw(self.local_batch)
+        drawn = (self.selfplay or self.source).draw(self.local_batch)
         samples = [s for s in drawn for _ in range(K)]  # groups contiguous
         prompts = [self.tok.encode(s.prompt) for s in samples]
         self.model.eval()
@@ -452,9 +452,9 @@ class Trainer:
         finally:
             self.scorer.close()
             self.reporter.close()
-            self.sampler.close()
-            if self.source is not None:
-                self.source.close()
+            self.source.close()
+            if self.selfplay is not None:
+                self.selfplay.close()
             if self.main:
                 self.run_dir.release(failed=not finished)  # a refused resume leaves no empty run directory behind
             # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
@@ -501,16 +501,16 @@ class Trainer:
     # ------------------------------------------------------------------------- state, resume, recovery
 
     def rank_state(self):
-        """What differs between torchrun ranks: the RNGs, the prompt sampler, the replay buffer, the games."""
-        return {"sampler": self.sampler.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
-                "selfplay": self.source.state_dict() if self.source is not None else None, "rng": rng_state()}
+        """What differs between torchrun ranks: the RNGs, the prompt source, the replay buffer, the games."""
+        return {"sampler": self.source.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+                "selfplay": self.selfplay.state_dict() if self.selfplay is not None else None, "rng": rng_state()}
 
     def load_rank_state(self, s):
-        self.sampler.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
+        self.source.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
         self.buffer.items, buffer_rng = s["buffer"]
         self.buffer.rng.setstate(buffer_rng)
-        if self.source is not None:
-            self.source.load_state_dict(s["selfplay"])
+        if self.selfplay is not None:
+            self.selfplay.load_state_dict(s["selfplay"])
         set_rng_state(s["rng"])
 
     def state(self):
