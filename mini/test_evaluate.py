@@ -187,7 +187,7 @@ def test_cli_text_file(snapshot, tmp_path, capsys):
 def test_cli_bad_paths(snapshot, tmp_path):
     missing = str(tmp_path / "no_such_model")
     run = subprocess.run([sys.executable, SCRIPT, "--model_path", missing], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and missing in run.stderr
+    assert run.returncode == 2 and missing in run.stderr  # looked for at parse time, before any model loads
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     with pytest.raises(SystemExit, match="no_such_file"):
         ev.main(["--model_path", snapshot, "--data", str(tmp_path / "no_such_file.txt")])

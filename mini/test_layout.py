@@ -15,9 +15,10 @@ LIBRARY = [
     "config", "runtime", "distributed",    # settings; device, autocast, LR schedule, seeding; torchrun
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
     "formats", "stockfish", "positions", "dataset",  # RookWorld text, Stockfish, positions, prompt sources
-    "reward_scorer", "grpo",               # rewards; the objective as tensor functions
+    "reward_scorer", "grpo", "rollout",    # rewards; the objective as tensor functions; a step's batch as data
     "runs", "report", "plots",             # run directories, checkpoints and resume; dashboards (TRL's names); PNGs
     "evaluate", "games", "selfplay",       # held-out metrics; games between players; on-policy training positions
+    "autobatch",                           # --auto_batch_size: the largest batch that fits
     "train",                               # the GRPO loop
 ]
 # commands built on the library, which none of it imports; a tool may import the library and the tools before it
