@@ -1,8 +1,7 @@
-"""
-Where training prompts come from: the shipped pool of annotated positions, RookWorld text files,
-freshly generated positions annotated by Stockfish as they are needed, and a replay buffer of positions met
-in training. TaskSampler mixes P: and A: prompts from a fixed set of samples, StreamSampler from the
-generated stream; both draw(n) and keep their state in state_dict().
+"""Prompt sources: where training prompts come from. PoolSource mixes P: and A: prompts from a fixed set of
+samples (the shipped pool, a RookWorld text file, annotated positions); StreamSource from fresh positions that
+Stockfish labels as they are needed; both draw(n) and keep their state in state_dict(). A replay buffer of
+positions met in training feeds the A: prompts; held-out positions never enter.
 """
 import json
 import random
@@ -12,10 +11,10 @@ from functools import lru_cache
 
 import chess
 
-from mini.annotate import Annotator
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
 from mini.formats import PAD_WIDTHS, check_policy, env_sample, legal_ucis, parse_line, policy_sample, position_key, repad
 from mini.positions import iter_positions, random_env_sample
+from mini.stockfish import Annotator
 
 
 MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld data: stop
@@ -96,7 +95,7 @@ def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
     return keys
 
 
-@lru_cache(maxsize=1)  # the buffer, the samplers and self-play each ask at start-up: one read of the files
+@lru_cache(maxsize=1)  # the buffer, the sources and self-play each ask at start-up: one read of the files
 def held_out_keys():
     """Positions no training prompt may show: the eval sets (generated and realistic games) and the mate-in-one
     test set."""
@@ -156,7 +155,7 @@ def pad_policy(sample, pads, rng):
     return repad(sample, pads[0] if len(pads) == 1 else rng.choice(pads))
 
 
-class TaskSampler:
+class PoolSource:
     """Training prompts: P: from labelled samples; A: from labelled A: samples when the source has them, half the
     time when it has P: positions too, else python-chess transitions on the P: positions and on the replay
     buffer's positions; a transition onto a held-out position is drawn again."""
@@ -195,10 +194,10 @@ class TaskSampler:
         self.rng.setstate(s["rng"])
 
     def close(self):
-        """Nothing to release: the samples are in memory (StreamSampler has engines to stop)."""
+        """Nothing to release: the samples are in memory (StreamSource has engines to stop)."""
 
 
-class StreamSampler:
+class StreamSource:
     """--data_source generate: an endless stream of fresh positions (positions.iter_positions, the eval and
     mate-in-one positions left out), each the P: prompt of one training prompt, labelled by Stockfish in the
     background up to `ahead` positions before it is needed (Annotator.submit, with the annotator's disk cache). So a
@@ -260,16 +259,15 @@ class StreamSampler:
         self.ann.close()
 
 
-def make_sampler(cfg, buffer=None, rank=0):
-    """The prompt sampler of the configured source: the shipped pool (also what selfplay mixes its own
-    positions with, mini/selfplay.py), a RookWorld text file or a JSONL file of annotated positions like the
-    pool, or (generate) fresh positions labelled by Stockfish as they are needed, seeded cfg.seed + rank
-    (each torchrun rank draws its own). Held-out positions
-    (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
+def make_source(cfg, buffer=None, rank=0):
+    """The configured prompt source: the shipped pool (also what selfplay mixes its own positions with), a
+    RookWorld text file or a JSONL file of annotated positions like the pool, or (generate) fresh positions
+    labelled by Stockfish as they are needed, seeded cfg.seed + rank (each torchrun rank draws its own).
+    Held-out positions (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
     a FileNotFoundError that Stockfish is missing."""
     if cfg.data_source == "generate":
         ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
-        return StreamSampler(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
+        return StreamSource(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
@@ -285,4 +283,4 @@ def make_sampler(cfg, buffer=None, rank=0):
             raise ValueError(f"{cfg.data_file}: every position in it is a held-out eval or mate-in-one position")
     else:
         samples = load_jsonl(POOL_PATH)
-    return TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
+    return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))

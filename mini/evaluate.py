@@ -1,53 +1,14 @@
 """
 Held-out evaluation: greedy, batched completions scored with the RookWorld metric definitions
-(mini/formats.py) and the training reward. train.py calls evaluate() every eval_every steps.
+(mini/formats.py) and the training reward; train.py calls evaluate() every eval_every steps. Each metric is
+a mean over its task's samples (eval_<task>_<name>); an invalid completion is wrong in every accuracy and left
+out of the MAEs. --compare pairs two reports on the same prompts with bootstrap intervals. Every metric is
+defined in the README.
 
     python mini/evaluate.py --model_path logs/run/final                    # shipped eval set, Config().eval_n per task
     python mini/evaluate.py --model_path logs/run/final --n 500 --out logs/run/eval-500.json
     python mini/evaluate.py --model_path logs/run/final --data rookworld_val.txt --n 500   # P: and A: text lines
-    python mini/test_evaluate.py
-
-Data: the shipped eval set (or any annotated .jsonl) gives the first n positions as P: prompts and n
-A: transitions on them (held_out_samples); a RookWorld text file gives its first n P: and n A: lines.
-Writes the table to stdout and JSON (metrics, counts, completions) to --out, default eval.json in the model
-directory. Every metric is a mean over the samples of its task (eval_<task>_<name>, or _white/_black for
-one side to move); invalid completions count as wrong (0) in every accuracy and are left out of the MAEs.
-A metric with nothing to average (an MAE when nothing is valid) is left out of the dict.
-
-P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <one move>" does not parse,
-    the reward's format tier)
-  invalid           share of invalid completions (eval_format_valid_P is 1 minus it)
-  best_legal        B: is a legal move
-  best_acc_label    B: equals the sample's label (shipped data: Stockfish PV1; text line: its B:)
-  best_acc_pv1      B: equals Stockfish's PV1, over the samples where PV1 is known: the labelled move with
-                    the highest eval, a tie at the top going to the label when the label is in it (the shipped
-                    data, where label = PV1, always) and leaving PV1 unknown otherwise. For a text line's
-                    Black positions it differs from the label (the generator's bug, see mini/formats.py)
-  top5_acc          |set(M: generated) & set(M: label)| / |set(M: label)|, 5 unless the position has fewer
-                    legal moves (then the label itself scores 1, the published definition divides by 5)
-  top5_legal        share of a completion's distinct M: moves that are legal
-  illegal_<kind>    B: is illegal for that reason (formats.illegal_kind): from (no own piece on its first
-                    square), geometry (the piece cannot make that move there), check (it leaves the own king in
-                    check); with best_legal, invalid and a non-UCI B: these add up to 1
-  eval_mae          mean |E: generated - E: label| in pawns over moves in both M: lists (pooled over moves,
-                    matched by move), evals clipped to +-10 pawns so that a mate (+-999.x) cannot swamp it
-A: (invalid unless four "+" fields, a FEN python-chess accepts, a number, two 0/1 flags)
-  invalid, next_state_exact, levenshtein (1 - normalized Levenshtein distance of the next FEN),
-  reward_exact, terminated_acc, truncated_acc, and reward_mae over valid completions with the generated
-  reward clipped to [-1, 1], the labels' range, so one absurd number cannot swamp it
-Both: eval_reward_<task> and eval_reward, the mean training reward (reward_scorer.score, -0.3 when invalid).
-P: move quality, with --engine_quality (needs Stockfish; skipped with a sentence where absent): the B: move
-   judged by reward_scorer.move_quality, the function of the --p_reward engine reward, against the best
-   labelled eval (a labelled move takes its labelled eval, another legal move Stockfish's eval after it at
-   --engine_depth/--engine_nodes, cached in --engine_cache); an invalid or illegal move loses 1000 cp and
-   all of W(best). cpl (mean centipawn loss, clipped to [0, 1000]), cpl_median, winprob_loss (mean
-   W(best) - W(move)), blunder (share with cpl >= 200), move_score (the engine reward's best component).
-   A move the engine cannot judge (it rejects the position) is None in the per-sample values, left out of
-   the means, and --compare pairs a sample only where both reports' moves were judged.
-
---compare BEFORE AFTER re-scores the completions of two reports on the same prompts with the eval set they
-name, and refuses (one sentence) reports made on other prompts or with other --shaping, and an eval set
-that no longer holds the reports' prompts and labels.
+    python mini/evaluate.py --compare before.json after.json
 """
 import contextlib
 import json
@@ -60,9 +21,8 @@ from collections import defaultdict
 import chess
 import numpy as np
 import torch
-from huggingface_hub.utils import tqdm
+from tqdm.auto import tqdm
 
-from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
@@ -71,6 +31,7 @@ from mini.positions import history_bucket, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
+from mini.stockfish import BLUNDER_CP, find_stockfish
 
 BATCH_SIZE = 64
 

@@ -196,6 +196,15 @@ def game_transitions(moves):
         board.push_uci(move)
 
 
+def game_fens(moves):
+    """Every position of a game from the initial position, the last (after the final move) included."""
+    board = chess.Board()
+    yield board.fen()
+    for move in moves:
+        board.push_uci(move)
+        yield board.fen()
+
+
 def phase(board):
     """opening (the first 16 plies), endgame (fewer than 14 pieces) or middlegame."""
     return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"

@@ -13,14 +13,14 @@ import chess
 import pytest
 import torch
 
-import mini.evaluate as ev
 from mini.config import EVAL_PATH
+import mini.evaluate as ev
 from mini.formats import env_sample, legal_ucis, parse_line, policy_sample
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import history_bucket, phase
-from mini.annotate import find_stockfish
 from mini.reward_scorer import EngineReward, score
+from mini.stockfish import find_stockfish
 from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
 
@@ -166,7 +166,7 @@ def test_hand_computed():
 def test_engine_quality_is_the_reward_function():
     """Move quality by hand for labelled and illegal moves; for an unlabelled move it equals the engine
     reward's best component, both from reward_scorer.move_quality."""
-    from mini.annotate import find_stockfish
+    from mini.stockfish import find_stockfish
     from mini.reward_scorer import EngineReward, score_chunk, win_prob
     try:
         engine = EngineReward(find_stockfish(), depth=8)
@@ -226,7 +226,7 @@ def test_cli_text_file(snapshot, tmp_path, capsys):
 def test_cli_bad_paths(snapshot, tmp_path):
     missing = str(tmp_path / "no_such_model")
     run = subprocess.run([sys.executable, SCRIPT, "--model_path", missing], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and missing in run.stderr
+    assert run.returncode == 2 and missing in run.stderr  # looked for at parse time, before any model loads
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     with pytest.raises(SystemExit, match="no_such_file"):
         ev.main(["--model_path", snapshot, "--data", str(tmp_path / "no_such_file.txt")])

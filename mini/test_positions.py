@@ -10,10 +10,11 @@ import chess
 import chess.engine
 import pytest
 
-from mini.annotate import find_stockfish, game_env_records, main as annotate_main
-from mini.dataset import TaskSampler, load_jsonl, pad_policy, shipped_keys
+from mini.annotate import game_env_records, main as annotate_main
+from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import policy_prompt, policy_sample, position_key
 from mini.positions import HISTORY_BUCKETS, game_transitions, history_bucket, play_game
+from mini.stockfish import find_stockfish
 
 ENDS = {"checkmate", "stalemate", "insufficient_material", "threefold_repetition", "fifty_moves",
         "fivefold_repetition", "seventyfive_moves", "resignation", "agreed_draw", "max_plies"}
@@ -63,7 +64,6 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     records = game_env_records(games, random.Random(0), per_bucket=5)
     assert [history_bucket(len(h)) for _, _, h in records] == [f"{lo}-{hi}" for lo, hi in HISTORY_BUCKETS for _ in range(5)]
     assert all(h[-1] == m for _, m, h in records)  # the move is the history's last entry
-    assert all(f != chess.STARTING_FEN for f, _, _ in records)  # the start position is in every game: not held out
     keys = {position_key(f) for f, _, _ in records}
     rest = game_env_records(games, random.Random(1), exclude=keys)
     assert rest and not keys & {position_key(f) for f, _, _ in rest}
@@ -79,6 +79,8 @@ def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     assert sum(s.task == "A" for s in eval_samples) == 6 and sum(s.task == "A" for s in pool_samples) > 100
     held_out = shipped_keys([str(ev)])
     assert not held_out & {position_key(f) for s in pool_samples for f in (s.fen, s.next_fen) if f}
+    assert position_key(chess.STARTING_FEN) not in held_out  # in every game: it stays trainable
+    assert any(s.fen == chess.STARTING_FEN for s in pool_samples if s.task == "A")
     assert json.loads(ev.read_text().splitlines()[0])["meta"]["generator"] == "mini.positions.play_game"
 
 
@@ -89,8 +91,8 @@ def test_policy_prompts_at_both_paddings():
     assert pad_policy(s, (90,), rng).prompt == s.prompt
     widths = {len(pad_policy(s, (90, 89), rng).prompt) for _ in range(20)}
     assert widths == {92, 91}
-    sampler = TaskSampler([s], env_ratio=0.0, pads=(89,))
-    assert sampler.draw(1)[0].prompt == policy_prompt(s.fen, 89)
+    source = PoolSource([s], env_ratio=0.0, pads=(89,))
+    assert source.draw(1)[0].prompt == policy_prompt(s.fen, 89)
 
 
 if __name__ == "__main__":
