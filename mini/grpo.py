@@ -448,9 +448,11 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     return loss, metrics
 
 
-def read_metrics(metrics, reduce=None):
-    """{name: float} of metrics (0-dim tensors on the device, or numbers), read in one host sync; reduce:
-    applied to the stacked float64 values first (distributed.all_sum under torchrun)."""
-    device = next((v.device for v in metrics.values() if torch.is_tensor(v)), None)
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in metrics.values()])
-    return dict(zip(metrics, (values if reduce is None else reduce(values)).tolist()))
+def read_metrics(metrics, reduce=None, **same):
+    """{name: float} of metrics (0-dim tensors on the device, or numbers), then of `same`, read in one host
+    sync; reduce: applied to the metrics' stacked float64 values first (distributed.all_sum under torchrun), not
+    to `same` (values already equal on every rank)."""
+    device = next((v.device for v in [*metrics.values(), *same.values()] if torch.is_tensor(v)), None)
+    stack = lambda d: torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in d.values()])
+    values = stack(metrics) if reduce is None else reduce(stack(metrics))
+    return dict(zip([*metrics, *same], (torch.cat([values, stack(same)]) if same else values).tolist()))

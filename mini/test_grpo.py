@@ -330,6 +330,12 @@ def test_grpo_loss_without_entropy_leaves_the_loss_and_skips_the_metric():
     assert "entropy" in grpo_loss(logits, ids, mask, adv, s, old_logp=old_logp, with_entropy=False)[1]
 
 
+def test_read_metrics_reduces_the_shares_not_the_same_values():
+    """Under torchrun the ranks' shares are summed (reduce); a value already every rank's (the grad norm) is not."""
+    got = read_metrics({"loss": torch.tensor(0.25), "n": 2}, lambda v: v * 4, grad_norm=torch.tensor(1.5))
+    assert got == {"loss": 1.0, "n": 8.0, "grad_norm": 1.5} and all(type(v) is float for v in got.values())
+
+
 def test_group_rows_of_a_micro_batch():
     """Rows 2..6 of 9 in groups of 3: the tail of group 0, group 1, the head of group 2."""
     of_row, firsts = group_rows(slice(2, 7), 9, 3)
