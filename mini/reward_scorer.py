@@ -48,7 +48,8 @@ score on the win-probability scale (move_quality, shared with evaluate.py's move
    range on moves that lose the game. Its cost: lenient when winning (+5 -> 0 keeps 0.58), sharp when
    losing (-3 -> -5 keeps 0.55). Stockfish 15.1's evals are compact: at depth 10 a queen hung to a pawn
    in eval-set positions scored -5.4 to -8.7 pawns, so 0.07 to 0.21; queen for a knight about 0.3. Labelled and searched evals come from different depths, hence the min(1, .).
-   An engine failure on a position (or an invalid one) keeps the labels' best, counted (engine_rejected).
+   An invalid position keeps the labels' best, counted (engine_rejected); an engine that stops answering or
+   dies on a position, restarted ENGINE_TRIES times, stops the run in one sentence (annotate.EngineFailure).
 
 shaping="graduated" floors raw to quarters, so rewards are 0.2, 0.4, 0.6, 0.8 or 1.0 (-0.3 stays);
 the components keep the unquantised raw.

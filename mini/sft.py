@@ -36,13 +36,14 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from mini.annotate import EngineFailure
 from mini.config import parse_args
 from mini.dataset import ReplayBuffer, make_sampler
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.report import make_reporter
-from mini.runs import RunDir, RunError
+from mini.runs import RunDir, RunError, disk_guard
 from mini.runtime import autocast, lr_factor, resolve_device
 from mini.tokenizer import Tokenizer
 
@@ -111,7 +112,7 @@ def main(argv=None):
         return 1
     try:
         return train_sft(cfg, run)
-    except (LoadError, ValueError, OSError, RunError) as e:  # no snapshot, a bad data file, a full disk
+    except (LoadError, ValueError, OSError, RunError, EngineFailure) as e:  # no snapshot, a bad data file, a full disk
         run.release(failed=True)
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -199,7 +200,8 @@ def train_sft(cfg, run):
             signal.signal(sig, h)
     if stop:
         log(f"{stop[0]}: saving the snapshot at step {step}...")
-    final = save_model(model, tok, run.file("final"))
+    with disk_guard(run.file("final"), 4 * model.num_params()):  # fp32 weights
+        final = save_model(model, tok, run.file("final"))
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {final}")
     log_file.close()
     return 0

@@ -14,7 +14,6 @@ that holds a run is continued with --auto_resume (under its saved config) or mov
 import contextlib
 import copy
 import dataclasses
-import errno
 import math
 import os
 import signal
@@ -27,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mini import distributed, grpo
+from mini.annotate import EngineFailure
 from mini.chess_eval import quick_metrics
 from mini.config import FIELDS, given_flags, parse_args
 from mini.dataset import ReplayBuffer, make_sampler
@@ -34,7 +34,8 @@ from mini.evaluate import evaluate, held_out_samples
 from mini.loader import LoadError, load_model, save_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
-from mini.runs import RunDir, RunError, checkpoint_settings, load_checkpoint, resume_config
+from mini.runs import (RunDir, RunError, checkpoint_settings, disk_full, disk_guard, is_disk_full, load_checkpoint,
+                       resume_config)
 from mini.runtime import (autocast, lr_factor, peak_memory_mb, resolve_device, rng_state, seed_everything,
                           set_rng_state)
 from mini.sampler import generate
@@ -110,10 +111,10 @@ class Trainer:
         seed_everything(cfg.seed + self.rank)  # ranks sample different completions; rank 0 is a plain run's
         self.local_batch = cfg.batch_size // self.world  # config.problems checked that it divides
         self.run_dir = RunDir(cfg.log_dir, distributed.from_main(cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")))
-        self.on_main(lambda: self.run_dir.claim(
-            resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
         self.log = self.run_dir.log if self.main else (lambda line: None)
         try:
+            self.on_main(lambda: self.run_dir.claim(
+                resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
             self.setup()
         except BaseException:
             if self.main:
@@ -447,7 +448,7 @@ class Trainer:
                      + (f", DistributedDataParallel over {self.world} rank(s)" if self.ddp else ""))
             self.loop()
             self.save_regular()
-            self.on_main(lambda: self.log(f"Done: final model in {save_model(self.model, self.tok, self.run_dir.file('final'))}"))
+            self.on_main(self.save_final)
             finished = True
         finally:
             self.scorer.close()
@@ -460,6 +461,11 @@ class Trainer:
             # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
             # group, rather than whenever the garbage collector reaches this trainer
             self.ddp = None
+
+    def save_final(self):
+        final = self.run_dir.file("final")
+        with disk_guard(final, 4 * self.model.num_params()):  # fp32 weights
+            self.log(f"Done: final model in {save_model(self.model, self.tok, final)}")
 
     def loop(self):
         """Steps until --steps, the time limit or a signal; a progress bar where the output is a terminal."""
@@ -495,8 +501,9 @@ class Trainer:
             raise KeyboardInterrupt
         self.stop_signal = name
         if self.main:
-            print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
-                  file=sys.stderr, flush=True)
+            then = (f"finishing step {self.step + 1}, then saving a checkpoint" if self.step + 1 < self.cfg.steps else
+                    "finishing the last step and writing the final model")  # the run ends anyway
+            print(f"\n{name}: {then} (again to quit at once)", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------------- state, resume, recovery
 
@@ -731,27 +738,32 @@ def main(argv=None):
     def say(line):  # under torchrun every rank stops with the same message: rank 0 prints it
         if distributed.is_main():
             print(line, file=sys.stderr)
+    # until the loop takes SIGTERM over, it stops the start-up as Ctrl-C does: no run directory is left half-made
+    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: signal.default_int_handler(signum, frame))
     try:
         saved, source = saved_settings(cfg)
         if saved is not None:
             cfg, changed = resume_config(cfg, given_flags(argv), saved, source)
         Trainer(cfg).run(changed)
-    except (LoadError, RunError) as e:
+    except (LoadError, RunError, EngineFailure) as e:
         say(f"error: {e}")
         return 1
     except StopRun as e:
         say(str(e))
         return 1
     except KeyboardInterrupt:
-        say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
+        if not (cfg.run_name and os.path.exists(RunDir(cfg.log_dir, cfg.run_name).file("config.json"))):
+            say("\nquit while the run was starting; nothing of it was saved: start it again")
+        else:
+            say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
         return 130
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
+    except Exception as e:  # a write outside disk_guard
+        if not is_disk_full(e):
             raise
-        say(f"error: disk full writing {e.filename or cfg.log_dir}; free some space, then continue with --auto_resume "
-            "(the last good checkpoint is kept)")
+        say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
         return 1
     finally:
+        signal.signal(signal.SIGTERM, sigterm)
         distributed.cleanup()
     return 0
 
