@@ -237,6 +237,9 @@ def problems(values, checks=None):
         out.append(f"{starts[0]} needs --run_name: the run to continue")
     if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
         out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
+        out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
+                   "a file name may have; pick a shorter one")
     return [p for p in out if p]
 
 

@@ -246,17 +246,39 @@ def paired_bootstrap(before, after, n_boot=2000, seed=0):
     return rows
 
 
-def load_report(path, keys, script):
-    """The JSON report in path, a dict with keys, as script (evaluate.py, chess_eval.py) writes it; ValueError
-    in one sentence naming the file when it is not one."""
+def number(v):
+    return type(v) in (int, float)
+
+
+def list_of(ok):
+    return lambda v: isinstance(v, list) and all(map(ok, v))
+
+
+def dict_of(ok):
+    return lambda v: isinstance(v, dict) and all(map(ok, v.values()))
+
+
+def report_sample(x):
+    """A sample of an evaluate.py report: its prompt, completion and (if any) label are strings."""
+    return isinstance(x, dict) and {"prompt", "completion"} <= set(x) and all(
+        isinstance(x[k], str) for k in ("prompt", "completion", "label") if k in x)
+
+
+def load_report(path, fields, script):
+    """The JSON report in path as script (evaluate.py, chess_eval.py) writes it: a dict holding each key of
+    fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
     how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
     try:
         with open(path, encoding="utf-8") as f:
             report = json.load(f)
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"{path} is not JSON ({e}); {how}") from None
-    if not isinstance(report, dict) or not all(k in report for k in keys):
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deeply
+        raise ValueError(f"{path} is not JSON ({str(e)[:80]}); {how}") from None
+    if not isinstance(report, dict) or not all(k in report for k in fields):
         raise ValueError(f"{path} is not {'an' if script[0] in 'aeiou' else 'a'} {script} report ({how})")
+    for key, ok in fields.items():
+        if not ok(report[key]):
+            raise ValueError(f"{path}: its {key!r} is {json.dumps(report[key])[:40]}, which no {script} report holds "
+                             f"({how})")
     return report
 
 
@@ -264,8 +286,9 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
     was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
     from the cached evals."""
-    reports = [load_report(p, ("data", "n_per_task", "shaping", "samples"), "evaluate.py")
-               for p in (before_json, after_json)]
+    fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and v > 0,
+              "shaping": lambda v: isinstance(v, str), "samples": list_of(report_sample)}
+    reports = [load_report(p, fields, "evaluate.py") for p in (before_json, after_json)]
     if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
         raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
     if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
