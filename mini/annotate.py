@@ -155,10 +155,10 @@ def close_engine(engine, kill=False):
     try:
         if not kill:
             engine.quit()
-    except Exception:  # dead, stuck or already closed
-        kill = True
+    except Exception:  # dead, stuck (quit timed out) or already closed
+        pass
     finally:
-        if kill:  # a command cut off by a timeout would make python-chess fail as the process ends, and never stop
+        if kill:  # a search cut off by a timeout would make python-chess fail as the process ends, and never stop
             with contextlib.suppress(RuntimeError):  # the engine's thread: drop it first (its loop may be gone)
                 engine.protocol.loop.call_soon_threadsafe(_forget_commands, engine.protocol)
         engine.close()

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from mini.annotate import BLUNDER_CP, find_stockfish
+from mini.annotate import BLUNDER_CP, EngineFailure, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, illegal_kind, legal_ucis, parse_env, parse_policy
@@ -341,7 +341,7 @@ def main(argv=None):
             print(reason, file=sys.stderr)
         try:
             rows = compare(*args.compare, engine=engine)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {e}")
         print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
@@ -365,7 +365,10 @@ def main(argv=None):
     engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
     if reason:
         print(reason)
-    values = per_sample_values(samples, completions, args.shaping, engine)
+    try:
+        values = per_sample_values(samples, completions, args.shaping, engine)
+    except EngineFailure as e:  # --engine_quality with an engine that keeps failing
+        sys.exit(f"evaluate.py: {e}")
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():

@@ -146,6 +146,16 @@ def test_a_stuck_engine_in_a_game_against_the_model(tmp_path, monkeypatch):
     assert settles(lambda: set(children()) <= before and not engine_threads()), (children(), engine_threads())
 
 
+def test_an_engine_failure_during_evaluation_is_one_sentence(tiny, tmp_path, monkeypatch):
+    from mini import evaluate
+
+    def engine_fails(*a, **kw):  # --engine_quality's engine stopped answering
+        raise annotate.EngineFailure(f"FakeFish (hang) stopped answering 3 times on {START}")
+    monkeypatch.setattr(evaluate, "per_sample_values", engine_fails)
+    exits_with(evaluate.main, ["--model_path", tiny, "--n", "1", "--max_new_tokens", "2", "--out", str(tmp_path / "e.json")],
+               "evaluate.py: FakeFish (hang) stopped answering 3 times on")
+
+
 def test_an_engine_killed_during_its_handshake_is_not_called_a_non_uci_binary(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         annotate.find_stockfish(fake_engine(tmp_path, "killed"))
