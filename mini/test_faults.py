@@ -5,6 +5,7 @@ fault), never a hang, a traceback, a second owner or a silently wrong result.
 
     python mini/test_faults.py
 """
+import contextlib
 import errno
 import glob
 import json
@@ -68,11 +69,17 @@ def fake_engine(tmp_path, mode):
 
 
 def children():
-    """PIDs of this process's live child processes."""
+    """PIDs of this process's live child processes (threads and children may end while they are read)."""
     pids = []
     for f in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        pids += open(f).read().split()
-    return [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
+        with contextlib.suppress(FileNotFoundError):
+            pids += open(f).read().split()
+    live = []
+    for p in pids:
+        with contextlib.suppress(FileNotFoundError):
+            if open(f"/proc/{p}/stat").read().split()[2] != "Z":
+                live.append(p)
+    return live
 
 
 def engine_threads():
