@@ -14,7 +14,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from mini.config import SHIPPED_MODEL
+from mini.config import SHIPPED_MODEL, looks_like_path
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 
@@ -51,13 +51,6 @@ def check_checksum(path):
         return
     if sha256_of(path) != want:
         raise ValueError(f"{path} does not match its checksum ({os.path.basename(path)}.sha256): it is damaged")
-
-
-def looks_like_path(name):
-    """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
-    (logs/nope: logs exists here)."""
-    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1
-            or os.path.isdir(name.split("/")[0]))
 
 
 def resolve_snapshot(name_or_path):

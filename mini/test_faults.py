@@ -19,12 +19,13 @@ import threading
 import time
 import types
 
+import chess.engine
 import pytest
 import torch
 
-import mini.annotate as annotate
 import mini.loader as loader
 import mini.runs as runs
+import mini.stockfish as stockfish
 import mini.train as train
 from mini.loader import LoadError, load_model
 from mini.runs import RunDir, RunError
@@ -124,21 +125,21 @@ def one_line(text):
 
 @pytest.mark.parametrize("mode, what", [("hang", "stopped answering"), ("die", "died")])
 def test_a_stuck_or_dying_engine_stops_in_one_sentence_and_leaves_no_process(tmp_path, monkeypatch, mode, what):
-    monkeypatch.setattr(annotate, "ENGINE_GRACE_S", 0.3)
+    monkeypatch.setattr(stockfish, "ENGINE_GRACE_S", 0.3)
     before = set(children())
-    with annotate.Annotator(fake_engine(tmp_path, mode), depth=1, workers=2, cache_path="") as ann:
-        with pytest.raises(annotate.EngineFailure) as e:
+    with stockfish.Annotator(fake_engine(tmp_path, mode), depth=1, workers=2, cache_path="") as ann:
+        with pytest.raises(stockfish.EngineFailure) as e:
             within(30, lambda: ann.annotate([START, "8/8/8/4k3/8/8/8/4K2R w K - 0 1"]))
-        with pytest.raises(annotate.EngineFailure):  # the engine reward's path; a broken engine fails at once
+        with pytest.raises(stockfish.EngineFailure):  # the engine reward's path; a broken engine fails at once
             within(5, lambda: ann.evals_after([(START, "e2e4")]))
-    assert f"FakeFish ({tmp_path / mode}) {what} {annotate.ENGINE_TRIES} times on " in str(e.value)
+    assert f"FakeFish ({tmp_path / mode}) {what} {stockfish.ENGINE_TRIES} times on " in str(e.value)
     assert settles(lambda: set(children()) <= before and not engine_threads()), (children(), engine_threads())
 
 
 def test_an_engine_that_ignores_quit_is_killed_at_close(tmp_path, monkeypatch):
-    monkeypatch.setattr(annotate, "ENGINE_GRACE_S", 0.3)
+    monkeypatch.setattr(stockfish, "ENGINE_GRACE_S", 0.3)
     before = set(children())
-    ann = annotate.Annotator(fake_engine(tmp_path, "deaf"), depth=1, workers=1, cache_path="")
+    ann = stockfish.Annotator(fake_engine(tmp_path, "deaf"), depth=1, workers=1, cache_path="")
     assert within(30, lambda: ann.evals_after([(START, "e2e4")])) == {(START, "e2e4"): -10}
     within(30, ann.close)
     assert settles(lambda: set(children()) <= before and not engine_threads()), (children(), engine_threads())
@@ -146,9 +147,9 @@ def test_an_engine_that_ignores_quit_is_killed_at_close(tmp_path, monkeypatch):
 
 def test_a_stuck_engine_in_a_game_against_the_model(tmp_path, monkeypatch):
     from mini.chess_eval import stockfish_games
-    monkeypatch.setattr(annotate, "ENGINE_GRACE_S", 0.3)
+    monkeypatch.setattr(stockfish, "ENGINE_GRACE_S", 0.3)
     before = set(children())
-    with pytest.raises(annotate.EngineFailure, match=r"^FakeFish .* stopped answering in a game against the model, at rnbq"):
+    with pytest.raises(stockfish.EngineFailure, match=r"^FakeFish .* stopped answering in a game against the model, at rnbq"):
         within(30, lambda: stockfish_games(lambda prompts: [""] * len(prompts), 2, fake_engine(tmp_path, "hang"), nodes=1))
     assert settles(lambda: set(children()) <= before and not engine_threads()), (children(), engine_threads())
 
@@ -157,7 +158,7 @@ def test_an_engine_failure_during_evaluation_is_one_sentence(tiny, tmp_path, mon
     from mini import evaluate
 
     def engine_fails(*a, **kw):  # --engine_quality's engine stopped answering
-        raise annotate.EngineFailure(f"FakeFish (hang) stopped answering 3 times on {START}")
+        raise stockfish.EngineFailure(f"FakeFish (hang) stopped answering 3 times on {START}")
     monkeypatch.setattr(evaluate, "per_sample_values", engine_fails)
     exits_with(evaluate.main, ["--model_path", tiny, "--n", "1", "--max_new_tokens", "2", "--out", str(tmp_path / "e.json")],
                "evaluate.py: FakeFish (hang) stopped answering 3 times on")
@@ -165,18 +166,18 @@ def test_an_engine_failure_during_evaluation_is_one_sentence(tiny, tmp_path, mon
 
 def test_an_engine_killed_during_its_handshake_is_not_called_a_non_uci_binary(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
-        annotate.find_stockfish(fake_engine(tmp_path, "killed"))
+        stockfish.find_stockfish(fake_engine(tmp_path, "killed"))
     assert "killed by signal 9 during its `uci` handshake" in str(e.value) and "not a UCI" not in str(e.value)
 
 
 def test_the_deadline_follows_the_limit():
-    deadline = lambda **kw: annotate.engine_deadline(annotate.chess.engine.Limit(**kw))
-    assert annotate.ENGINE_GRACE_S < deadline(depth=10) < deadline(depth=20) < deadline(depth=30)
-    assert deadline(time=5) == annotate.ENGINE_GRACE_S + 100 and deadline(nodes=10**6) > deadline(nodes=1000)
+    deadline = lambda **kw: stockfish.engine_deadline(chess.engine.Limit(**kw))
+    assert stockfish.ENGINE_GRACE_S < deadline(depth=10) < deadline(depth=20) < deadline(depth=30)
+    assert deadline(time=5) == stockfish.ENGINE_GRACE_S + 100 and deadline(nodes=10**6) > deadline(nodes=1000)
 
 
 def test_a_run_on_a_stuck_engine_ends_with_one_sentence_and_no_engine_left(tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(annotate, "ENGINE_GRACE_S", 0.3)
+    monkeypatch.setattr(stockfish, "ENGINE_GRACE_S", 0.3)
     before = set(children())
     argv = args(tiny, tmp_path, "stuck", 2, "--data_source", "generate", "--stockfish_depth", "1",
                 "--stockfish_path", fake_engine(tmp_path, "hang"))
@@ -415,7 +416,7 @@ def test_bad_data_lines(tiny, tmp_path, capsys, lines, message):
 
 
 def test_impossible_positions_are_named_in_every_source(tmp_path):
-    from mini.chess_eval import OPENINGS, load_mates, opening_board
+    from mini.games import OPENINGS, load_mates, opening_board
     from mini.dataset import load_text
     from mini.formats import check_policy
     from mini.test_formats import A_LINES, KINGLESS_A_LINE
@@ -505,8 +506,8 @@ def test_a_signal_in_the_last_step_says_the_run_finishes(capsys):
     # mini/test_train.py: a signal in the last step lets the run finish; here what it says, in the last step
     # of 6 and after it (step 6 counted, the final model being written)
     for step in (5, 6):
-        trainer = types.SimpleNamespace(step=step, cfg=types.SimpleNamespace(steps=6), main=True, stop_signal=None)
-        train.Trainer.on_signal(trainer, signal.SIGTERM, None)
+        trainer = types.SimpleNamespace(step=step, cfg=types.SimpleNamespace(steps=6), main=True)
+        runs.Resumable.announce_stop(trainer, "SIGTERM")
         assert one_line(capsys.readouterr().err) == ("SIGTERM: finishing the last step and writing the final model "
                                                      "(again to quit at once)")
 
