@@ -31,7 +31,7 @@ P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <on
                     check); with best_legal, invalid and a non-UCI B: these add up to 1
   eval_mae          mean |E: generated - E: label| in pawns over moves in both M: lists (pooled over moves,
                     matched by move), evals clipped to +-10 pawns so that a mate (+-999.x) cannot swamp it
-A: (invalid unless four "+" fields, a FEN python-chess accepts, a number, two 0/1 flags)
+A: (invalid unless four "+" fields, a FEN of 6 fields python-chess accepts, a number, two 0/1 flags)
   invalid, next_state_exact, levenshtein (1 - normalized Levenshtein distance of the next FEN),
   reward_exact, terminated_acc, truncated_acc, and reward_mae over valid completions with the generated
   reward clipped to [-1, 1], the labels' range, so one absurd number cannot swamp it

@@ -2,7 +2,7 @@
 Verifiable rewards for RookWorld completions: Stockfish labels for P:, python-chess for A:.
 
 Two tiers. Structure: a completion that does not parse (P: "M: <1-5 UCI moves> E: <as many numbers>
-B: <one move>"; A: four "+" fields, a FEN python-chess accepts, a number, two 0/1 flags) scores -0.3.
+B: <one move>"; A: four "+" fields, a FEN of 6 fields python-chess accepts, a number, two 0/1 flags) scores -0.3.
 Content: named components in [0, 1] combine into raw in [0, 1]; reward = 0.2 + 0.8 * raw, so a
 parseable completion scores 0.2 at least and a perfect one exactly 1.0.
 
