@@ -84,18 +84,17 @@ def test_an_illegal_move_ends_the_game_and_is_still_a_transition():
 
 
 def recording_player(calls):
-    """SelfPlaySource's player factory: records (model, seed) of each refresh; plays the first legal move."""
+    """SelfPlaySource's player factory: records (model, seed) of each refresh; plays ITALIAN_12."""
     def factory(model, seed, autocast=None):
         calls.append((model, seed))
-        return lambda prompts: [" M: a1a2 E: 0.0 B: " + min(m.uci() for m in chess.Board(p[3:].strip()).legal_moves)
-                                for p in prompts]
+        return scripted(ITALIAN_12)
     return factory
 
 
 @needs_stockfish
 def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
     """Refresh r of a source seeded s plays with the model given to it and seed s * 1_000_003 + r; the P:
-    positions it sends to Stockfish carry the moves that led there: up to 9, one more at each ply."""
+    positions it sends to Stockfish carry the moves that led there: one more at each ply, then the last 9."""
     calls = []
     with SelfPlaySource(None, games=1, plies=3, depth=1, workers=1, cache_path=str(tmp_path / "sf.jsonl"), seed=5,
                         player=recording_player(calls)) as src:
@@ -104,15 +103,11 @@ def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
         src.refresh("weights B")
         assert [len(h) for _, h in src.pending] == [3, 4, 5]
         src.refresh("weights C")
-        assert [h for _, h in src.pending] == [[m.uci() for m in played_first_legal(n).move_stack[-9:]] for n in (6, 7, 8)]
-    assert calls == [("weights A", 5_000_015), ("weights B", 5_000_016), ("weights C", 5_000_017)]
-
-
-def played_first_legal(n):
-    board = chess.Board()
-    for _ in range(n):
-        board.push(min(board.legal_moves, key=lambda m: m.uci()))
-    return board
+        src.refresh("weights D")
+        assert [h for _, h in src.pending] == [ITALIAN_12[:n][-9:] for n in (9, 10, 11)]
+        assert [len(h) for _, h in src.pending] == [9, 9, 9]
+    assert calls == [("weights A", 5_000_015), ("weights B", 5_000_016), ("weights C", 5_000_017),
+                     ("weights D", 5_000_018)]
 
 
 if __name__ == "__main__":
