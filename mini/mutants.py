@@ -237,6 +237,31 @@ MUTANTS = [
     Mutant("unsignallable_is_dead", "a live process that may not be signalled is taken for a dead one: its run is taken over",
            "runs.py", "except PermissionError:  # someone else's live process\n        return True",
            "except PermissionError:  # someone else's live process\n        return False", (CACHES,)),
+    Mutant("fen_similarity_over_label", "fen_similarity divides by the label's length, not the longer FEN's",
+           "reward_scorer.py", "longest = max(len(fen), len(sample.next_fen), 1)", "longest = max(len(sample.next_fen), 1)",
+           (ADVERSARIAL,)),
+    Mutant("env_flags_swapped", "the terminated flag is judged against the label's truncated one and vice versa",
+           "reward_scorer.py", '"terminated_exact": float(terminated == sample.terminated),\n        '
+           '"truncated_exact": float(truncated == sample.truncated),',
+           '"terminated_exact": float(terminated == sample.truncated),\n        '
+           '"truncated_exact": float(truncated == sample.terminated),', (ADVERSARIAL,)),
+    Mutant("reward_exact_loose", "an A: reward within 0.01 of the label counts as exact",
+           "reward_scorer.py", "abs_tol=1e-9", "abs_tol=1e-2", (ADVERSARIAL,)),
+    Mutant("graduated_rounds", "graduated shaping rounds raw to the nearest quarter instead of flooring it",
+           "reward_scorer.py", "GRADUATED[int(raw * 4 + 1e-9)]", "GRADUATED[round(raw * 4)]", (ADVERSARIAL,)),
+    Mutant("env_history_nine", "an A: prompt on a position keeps 9 half-moves with its own move, not 10",
+           "positions.py", "(list(history) + [move])[-10:]", "(list(history) + [move])[-9:]", (GAMES,)),
+    Mutant("replay_history_ten", "the replay buffer keeps 10 moves that led to a position, not 9",
+           "dataset.py", "self.items[key] = (fen, list(history)[-9:])", "self.items[key] = (fen, list(history)[-10:])",
+           (GAMES,)),
+    Mutant("model_player_unseeded", "every player samples with seed 0 whatever it is given",
+           "chess_eval.py", ".manual_seed(seed)", ".manual_seed(0)", (GAMES,)),
+    Mutant("selfplay_untempered", "self-play samples at temperature 1 whatever --selfplay_temperature",
+           "selfplay.py", "model, tok, temperature, top_k, seed, max_new_tokens, autocast=autocast))",
+           "model, tok, 1.0, top_k, seed, max_new_tokens, autocast=autocast))", (GAMES,)),
+    Mutant("sf_draw_is_a_win", "a draw against Stockfish counts as a win",
+           "chess_eval.py", '"chess_sf_win": [float(g["score"] == 1) for g in games],',
+           '"chess_sf_win": [float(g["score"] >= 0.5) for g in games],', (GAMES,)),
 ]
 
 

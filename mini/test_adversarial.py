@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mini.chess_eval import policy_move
-from mini.formats import parse_env, parse_line
+from mini.formats import env_sample, parse_env, parse_line
 from mini.reward_scorer import score
 from mini.test_formats import A_LINES, P_LINES
 
@@ -70,6 +70,27 @@ A_CASES = {
     "terminated": (F + "+0.001+1+0", 0.92),
     # the halfmove clock 1 for 0: one edit in 60 characters, fen_similarity 59/60: raw (2 * 59/60 + 4) / 10
     "off by one": (F.replace(" 0 18", " 1 18") + "+0.001+0+0", 0.2 + 0.8 * (2 * 59 / 60 + 4) / 10),
+    # the fullmove 18 written 180: one edit, the answer the longer of the two: 1 - 1/61
+    "a digit too many": (F.replace(" 0 18", " 0 180") + "+0.001+0+0", 0.2 + 0.8 * (2 * 60 / 61 + 4) / 10),
+    # written 1: one edit, the label the longer: 1 - 1/60
+    "a digit too few": (F.replace(" 0 18", " 0 1") + "+0.001+0+0", 0.2 + 0.8 * (2 * 59 / 60 + 4) / 10),
+    # 0.002 for 0.001: reward_exact 0, raw 0.8 -> 0.84
+    "a reward a thousandth off": (F + "+0.002+0+0", 0.84),
+}
+
+# where the two flags differ: an illegal move (the bishop on a3 along a file: the state stays, reward -1, truncated)
+# and a mate (scholar's mate: reward 1, terminated)
+ILLEGAL = env_sample(A.fen, "a3a8", ["a3a8"])
+MATE = env_sample("r1bqkb1r/pppp1ppp/2n2n2/4p2Q/2B1P3/8/PPPP1PPP/RNB1K1NR w KQkq - 4 4", "h5f7", ["g8f6", "h5f7"])
+FLAG_CASES = {
+    "illegal, own": (ILLEGAL, f"{A.fen}+-1.0+0+1", 1.0),
+    "illegal, not truncated": (ILLEGAL, f"{A.fen}+-1.0+0+0", 0.92),      # raw 0.9
+    "illegal, both flags flipped": (ILLEGAL, f"{A.fen}+-1.0+1+0", 0.84),  # raw 0.8
+    "illegal, played as legal": (ILLEGAL, f"{A.fen}+0.001+0+0", 0.76),    # reward and truncated wrong: raw 0.7
+    "mate, own": (MATE, MATE.completion, 1.0),
+    "mate, not terminated": (MATE, MATE.next_fen + "+1.0+0+0", 0.92),
+    "mate, both flags flipped": (MATE, MATE.next_fen + "+1.0+0+1", 0.84),
+    "mate, called a draw": (MATE, MATE.next_fen + "+0.5+1+0", 0.84),
 }
 
 
@@ -83,6 +104,28 @@ def test_policy_completions_score_exactly(case):
 def test_env_completions_score_exactly(case):
     text, want = A_CASES[case]
     assert score(A, text)[0] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("case", FLAG_CASES)
+def test_env_flags_are_judged_each_against_its_own(case):
+    sample, text, want = FLAG_CASES[case]
+    assert score(sample, text)[0] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("sample, text, want", [
+    (P, P_CASES["only the best"][0], 0.8),                  # raw 0.76: 3 quarters
+    (P, P_CASES["best said second"][0], 0.6),               # 0.51: 2
+    (P, P_CASES["an illegal candidate"][0], 0.6),           # 0.73: 2
+    (P, P_CASES["a promotion suffix on a rook move"][0], 0.4),  # 0.26: 1
+    (P, " M: a1a1 E: 0.0 B: a1a1", 0.2),                    # 0: none
+    (P, REF_P, 1.0),
+    (A, A_CASES["the wrong reward"][0], 0.8),               # 0.8: 3 (floored from 3.2)
+    (A, A_CASES["off by one"][0], 0.6),                     # 0.597: 2
+    (A, "junk", -0.3),
+])
+def test_graduated_rewards_floor_raw_to_quarters(sample, text, want):
+    reward, comps = score(sample, text, "graduated")
+    assert reward == want and comps == score(sample, text)[1]
 
 
 def test_a_bare_board_is_not_a_fen():

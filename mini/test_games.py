@@ -4,12 +4,20 @@ self-play sources that refresh with the weights and a new seed each time.
 
     python mini/test_games.py
 """
+import random
+
 import chess
 import pytest
 
 import mini.chess_eval as ce
+import mini.selfplay as selfplay
+from mini.dataset import ReplayBuffer
+from mini.formats import policy_prompt, policy_sample
+from mini.positions import random_env_sample
 from mini.selfplay import SelfPlaySource
 from mini.test_selfplay import needs_stockfish
+from mini.test_train import tiny_gpt
+from mini.tokenizer import Tokenizer
 
 SCHOLARS_MATE = "e2e4 e7e5 f1c4 b8c6 d1h5 g8f6 h5f7"   # White mates
 FOOLS_MATE = "f2f3 e7e5 g2g4 d8h4"                     # Black mates
@@ -81,6 +89,51 @@ def test_an_illegal_move_ends_the_game_and_is_still_a_transition():
     g = games[0]
     assert (g["end"], g["plies"], len(g["transitions"])) == ("illegal", 3, 4)
     assert g["transitions"][-1][2] == ITALIAN_12[:3] + ["e1e3"]
+
+
+def test_environment_and_replay_histories_at_every_ply():
+    """An A: prompt drawn on a position carries the moves that led there plus its own move, the last 10 at most;
+    the replay buffer keeps the last 9 moves that led to a position (the P: history)."""
+    rng = random.Random(0)
+    for n in range(12):
+        board, led = played(" ".join(ITALIAN_12[:n])), ITALIAN_12[:n][-9:]
+        s = random_env_sample(board.fen(), led, rng, illegal_rate=0.0, garbage_rate=0.0)
+        assert s.history == (led + [s.move])[-10:] and len(s.history) == min(n, 9) + 1
+        buffer = ReplayBuffer()
+        buffer.add_next(policy_sample(board.fen(), [ITALIAN_12[n]], [0.0], history=led))
+        assert [h for _, h in buffer.items.values()] == [ITALIAN_12[:n + 1][-9:]]
+
+
+def test_model_player_is_seeded(tmp_path):
+    """The same seed samples the same completions, another seed others: self-play's refreshes differ by seed."""
+    model, tok = tiny_gpt(eos_bias=-5.0), Tokenizer.gpt2()
+    prompts = [policy_prompt(chess.STARTING_FEN)] * 4
+    texts = {seed: ce.model_player(model, tok, temperature=1.0, seed=seed, max_new_tokens=6)(prompts) for seed in (1, 2)}
+    assert ce.model_player(model, tok, temperature=1.0, seed=1, max_new_tokens=6)(prompts) == texts[1] != texts[2]
+
+
+def test_selfplay_player_samples_at_its_settings(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(selfplay, "model_player", lambda *a, **kw: seen.append((a, kw)))
+    monkeypatch.setattr(selfplay, "Annotator", lambda *a, **kw: None)
+    src = SelfPlaySource("tok", temperature=0.6, top_k=7, max_new_tokens=33, seed=2)
+    src.player("model", 99, "ctx")
+    assert seen == [(("model", "tok", 0.6, 7, 99, 33), {"autocast": "ctx"})]
+
+
+def test_stockfish_and_arbiter_values_by_hand():
+    games = [{"score": s, "plies": p} for s, p in ((1.0, 9), (0.5, 40), (0.0, 3), (0.0, 12))]
+    assert ce.stockfish_values(games) == {
+        "chess_sf_score": [1.0, 0.5, 0.0, 0.0], "chess_sf_plies": [9.0, 40.0, 3.0, 12.0],
+        "chess_sf_win": [1.0, 0.0, 0.0, 0.0], "chess_sf_draw": [0.0, 1.0, 0.0, 0.0], "chess_sf_loss": [0.0, 0.0, 1.0, 1.0]}
+    start = chess.STARTING_FEN
+    after_e4 = played("e2e4").fen()
+    transitions = [(start, "e2e4", ["e2e4"]), (start, "e2e5", ["e2e5"]), (start, "e2e4", ["e2e4"])]
+    answers = [f"{after_e4}+0.001+0+0", f"{start}+-1.0+1+0", "junk"]  # right; terminated wrong; unparseable
+    assert ce.arbiter_values(transitions, answers) == {
+        "chess_arbiter_all": [1.0, 0.0, 0.0], "chess_arbiter_next_fen": [1.0, 1.0, 0.0],
+        "chess_arbiter_reward": [1.0, 1.0, 0.0], "chess_arbiter_terminated": [1.0, 0.0, 0.0],
+        "chess_arbiter_truncated": [1.0, 0.0, 0.0]}
 
 
 def recording_player(calls):
