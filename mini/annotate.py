@@ -1,325 +1,172 @@
-"""
-Stockfish ground truth for the P: task, and the command that builds the shipped data:
+"""The command that builds the shipped data: generated positions labelled by Stockfish (mini/stockfish.py).
 
     python mini/annotate.py --pool 5000 --eval 500 --depth 10 --seed 0
 
-Positions come from mini/positions.iter_positions. Random play leaves many lopsided positions, so a quick
-search screens them: beyond --max_eval pawns a position is kept with probability 1/4 only. Each kept one
-gets Stockfish's top 5 moves (MultiPV 5) ranked PV1 first, with evals in the data's convention: side to
-move, pawns (cp / 100), mate in n as +-(1000 - n/100). Engines run in parallel, one process per worker;
-results, the screen's included, are cached on disk by FEN, limit and engine version, so a rerun of a cut-off
-build resumes where it stopped.
-
-Annotator.move_losses judges moves instead: the centipawn loss of (fen, move) pairs against Stockfish's best
-at the same limit (mini/chess_eval.py's move quality). Annotator.evals_after gives the eval of a position
-after a move, for the mover, cached by (FEN, move, limit, engine version) in memory and in an append-only JSONL
-file (mini/reward_scorer.py's engine move reward and evaluate.py's move quality). Every engine call goes through
-Annotator._with_engine (the pool, restart after a crash).
+A quick search screens out most lopsided positions (beyond --max_eval pawns one in four is kept); the rest get
+Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes where it stopped.
 """
 import itertools
 import json
 import os
 import queue
 import random
-import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import chess
 import chess.engine
-from huggingface_hub.utils import tqdm
+import numpy as np
+from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, at_least
-from mini.formats import legal_ucis
-from mini.positions import iter_positions
-
-CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
-BLUNDER_CP = 200  # a move that loses this much is a blunder (chess_eval.py, evaluate.py)
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
-MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
-
-
-def find_stockfish(path=""):
-    """The Stockfish binary: the given path, else PATH, else Debian's /usr/games/stockfish; checked once per
-    process to speak UCI (answer `uci` with `uciok`), so a wrong binary is one sentence, not a hang. Its
-    `id name` (Stockfish 15.1) is kept in ENGINE_NAMES."""
-    found = shutil.which(path) if path else shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
-    if not found:
-        where = f"no executable at {path}" if path else "not on PATH nor in /usr/games"
-        raise FileNotFoundError(f"Stockfish not found ({where}): install it with `apt-get install stockfish` "
-                                "or point --stockfish_path at the binary.")
-    if found not in ENGINE_NAMES:
-        try:
-            out = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        if "uciok" not in out:
-            raise FileNotFoundError(f"{found} is not a UCI chess engine (it did not answer `uci` with `uciok`); "
-                                    "point --stockfish_path at the Stockfish binary")
-        ENGINE_NAMES[found] = next((line[8:].strip() for line in out.splitlines() if line.startswith("id name ")),
-                                   "unnamed engine")
-    return found
+from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
+from mini.dataset import load_jsonl, shipped_keys
+from mini.formats import legal_ucis, position_key
+from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
+                            random_env_sample)
+from mini.stockfish import DEFAULT_CACHE, Annotator, close_engine, find_stockfish
 
 
-ENGINE_NAMES = {}  # binary -> its UCI `id name`, for the binaries that speak UCI
-
-
-def to_cp(score):
-    """A side-to-move score in centipawns, mate in n = +-(MATE_CP - n): mates dwarf any material count."""
-    return score.relative.score(mate_score=MATE_CP)
-
-
-def to_pawns(score):
-    """A side-to-move score in the data's convention: pawns, mate in n = +-(1000 - n/100)."""
-    return to_cp(score) / 100
-
-
-def cp_loss(best_cp, move_cp, cap=CP_CAP):
-    """Centipawns lost by a move against the best, clipped to [0, cap]: a search can score a move a little
-    above the best (noise), and beyond a piece how much more was lost says little (a mate costs the cap)."""
-    return min(cap, max(0, best_cp - move_cp))
-
-
-def read_jsonl(path):
-    """The records of a JSONL cache; a line cut short by an interrupted run is skipped."""
-    if not path or not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
-def append_jsonl(path, records):
-    """Append records to a JSONL cache, one write per line (O_APPEND keeps concurrent writers' lines whole);
-    a cut-off last line is ended first, so that it does not swallow the next record."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a+b") as f:
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-        for r in records:
-            f.write((json.dumps(r) + "\n").encode())
-            f.flush()
-
-
-def _close(engine):
-    try:
-        if engine:
-            engine.quit()
-    except (chess.engine.EngineError, CancelledError):  # already dead
-        engine.close()
-
-
-class Annotator:
-    """MultiPV Stockfish analysis of many positions with `workers` engine processes and a FEN cache."""
-
-    def __init__(self, stockfish_path="", depth=12, time_s=None, workers=None, cache_path=DEFAULT_CACHE, multipv=5,
-                 nodes=None, move_cache_path=""):
-        self.path = find_stockfish(stockfish_path)
-        # nodes and depth are deterministic with one thread and a cleared hash; time is not
-        self.limit = (chess.engine.Limit(time=time_s) if time_s else chess.engine.Limit(nodes=nodes) if nodes
-                      else chess.engine.Limit(depth=depth))
-        # cached results are valid for this limit and this engine only: another version labels otherwise
-        self.tag = f"time={time_s}" if time_s else f"nodes={nodes}" if nodes else f"depth={depth}"
-        self.engine = ENGINE_NAMES[self.path]
-        self.multipv, self.cache_path, self.cache = multipv, cache_path, {}
-        self.workers = workers or os.cpu_count() or 1
-        self.idle = queue.Queue()  # engines not in use; None = not started yet
-        for _ in range(self.workers):
-            self.idle.put(None)
-        for r in read_jsonl(cache_path):
-            if r.get("limit") == self.tag and r.get("multipv") == multipv and r.get("engine") == self.engine:
-                self.cache[r["fen"]] = (r["moves"], r["evals"])
-        self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0
-        self._read_move_cache()
-        self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
-        self.driver = None  # the background thread of submit(), started on first use
-
-    def _start(self):
-        engine = chess.engine.SimpleEngine.popen_uci(self.path)
-        engine.configure({"Threads": 1})  # parallelism comes from processes; one thread is deterministic
-        return engine
-
-    def _search(self, engine, fen):
-        # a new game each time clears the hash, so a result depends on the position only
-        infos = engine.analyse(chess.Board(fen), self.limit, multipv=self.multipv, game=object())
-        infos = [i for i in infos if i.get("pv")]
-        if not infos:
-            raise ValueError(f"no legal move to annotate in {fen}")
-        return [i["pv"][0].uci() for i in infos], [to_pawns(i["score"]) for i in infos]
-
-    def _with_engine(self, work, fen):
-        """work(engine) on an idle engine of the pool: the one engine-call path of every analysis."""
-        engine = self.idle.get()
-        try:
-            for _ in range(3):
-                try:
-                    engine = engine or self._start()
-                    return work(engine)
-                except (chess.engine.EngineError, CancelledError):  # the process died: restart it and try again
-                    _close(engine)
-                    engine = None
-            raise RuntimeError(f"Stockfish failed 3 times on {fen}")
-        finally:
-            self.idle.put(engine)
-
-    def _analyse(self, fen):
-        return self._with_engine(lambda engine: self._search(engine, fen), fen)
-
-    def _move_loss(self, engine, fen, move):
-        """(best move, cp of the best move, cp of `move`), side to move's view, from two searches at the
-        same limit: the free one, and one restricted to `move` (root_moves), so both scores come from a
-        search of the same depth from the same root. A new game each time keeps it a function of the input."""
-        board = chess.Board(fen)
-        best = engine.analyse(board, self.limit, game=object())
-        best_move, best_cp = best["pv"][0].uci(), to_cp(best["score"])
-        if move == best_move:
-            return best_move, best_cp, best_cp
-        played = engine.analyse(board, self.limit, root_moves=[chess.Move.from_uci(move)], game=object())
-        return best_move, best_cp, to_cp(played["score"])
-
-    def _loss_record(self, pair, cap):
-        fen, move = pair
-        board = chess.Board(fen)
-        if board.is_game_over():
-            raise ValueError(f"no move to judge in a finished position: {fen}")
-        if move not in legal_ucis(fen):  # None, not UCI, or illegal: the worst loss, no search needed
-            return {"loss": cap, "best": None, "best_cp": None, "move_cp": None}
-        best, best_cp, move_cp = self._with_engine(lambda engine: self._move_loss(engine, fen, move), fen)
-        # a restricted search can score a move a little above the free one (search noise): no negative loss
-        return {"loss": cp_loss(best_cp, move_cp, cap), "best": best, "best_cp": best_cp, "move_cp": move_cp}
-
-    def move_losses(self, pairs, cap=CP_CAP):
-        """Centipawn loss of each (fen, move): Stockfish's eval of its best move minus the eval of `move`,
-        both for the side to move, clipped to [0, cap] (a mate scores +-100000 cp, so a missed or allowed
-        mate costs the cap). A move that is None, not UCI or illegal costs the cap. Returns one dict per
-        pair: loss, best (Stockfish's move), best_cp and move_cp (None when the move was not searched)."""
-        with ThreadPoolExecutor(self.workers) as pool, \
-                tqdm(total=len(pairs), desc="move loss", disable=len(pairs) < 100) as bar:
-            out = []
-            for record in pool.map(lambda pair: self._loss_record(pair, cap), pairs):
-                out.append(record)
-                bar.update()
-        return out
-
-    def _eval_after(self, fen, move):
-        """(cp for the mover after `move`, engine seconds); None for a position the engine rejects."""
-        board = chess.Board(fen)
-        board.push_uci(move)
-        if board.is_checkmate():  # the engine has nothing to search: score the mate in 1 directly
-            return MATE_CP - 1, 0.0
-        if board.is_game_over():  # stalemate, insufficient material, 75 moves, fivefold: a draw
-            return 0, 0.0
-        t0 = time.perf_counter()
-        try:  # a new game each time clears the hash, so a result depends on the position only
-            info = self._with_engine(lambda engine: engine.analyse(board, self.limit, game=object()), fen)
-            return -to_cp(info["score"]), time.perf_counter() - t0  # the engine scores for the opponent
-        except (RuntimeError, chess.engine.EngineError, KeyError):  # crashed 3 times, or no score
-            return None, time.perf_counter() - t0
-
-    def _read_move_cache(self):
-        """Take in the move cache's lines written since the last read, by this process or any other (the
-        scoring workers of a run, other runs): the file is the cache they share. A line still being written
-        waits for the next read; a cut-off one is skipped."""
-        if not self.move_cache_path or not os.path.exists(self.move_cache_path):
-            return
-        with open(self.move_cache_path, "rb") as f:
-            f.seek(self.move_cache_read)
-            chunk = f.read()
-        whole = chunk[:chunk.rfind(b"\n") + 1]
-        self.move_cache_read += len(whole)
-        for line in whole.splitlines():
-            try:
-                r = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if r.get("limit") == self.tag and r.get("engine") == self.engine and "cp" in r:
-                self.move_cache[r["fen"], r["move"]] = r["cp"]
-
-    def evals_after(self, pairs):
-        """{(fen, move): eval in centipawns (to_cp) for the side that played `move`, after it} for legal moves
-        of valid positions, searched at this Annotator's limit; distinct pairs are searched once, in parallel,
-        and cached in memory and in move_cache_path. A position python-chess calls invalid (Stockfish may crash
-        on it) or one the engine fails on maps to None, is counted in stats["rejected"] and not cached."""
-        self._read_move_cache()
-        todo, out = [], {}
-        for pair in dict.fromkeys(pairs):
-            if pair in self.move_cache:
-                out[pair] = self.move_cache[pair]
-                self.stats["hits"] += 1
-            elif not chess.Board(pair[0]).is_valid():
-                out[pair] = None
-                self.stats["rejected"] += 1
-            else:
-                todo.append(pair)
-        with ThreadPoolExecutor(self.workers) as pool:
-            done = list(pool.map(lambda pair: self._eval_after(*pair), todo))
-        new = []
-        for (fen, move), (cp, seconds) in zip(todo, done):
-            out[fen, move] = cp
-            self.stats["misses"] += 1
-            self.stats["seconds"] += seconds
-            if cp is None:
-                self.stats["rejected"] += 1
-            else:
-                self.move_cache[fen, move] = cp
-                new.append({"fen": fen, "move": move, "limit": self.tag, "engine": self.engine, "cp": cp})
-        if new and self.move_cache_path:
-            append_jsonl(self.move_cache_path, new)
-        return out
-
-    def annotate(self, fens):
-        """{fen: (moves ranked PV1 first, evals)} for the given FENs."""
-        todo = [f for f in dict.fromkeys(fens) if f not in self.cache]
-        with ThreadPoolExecutor(self.workers) as pool, \
-                tqdm(total=len(todo), desc="stockfish", disable=len(todo) < 100) as bar:
-            for fen, (moves, evals) in zip(todo, pool.map(self._analyse, todo)):
-                self.cache[fen] = (moves, evals)
-                if self.cache_path:  # line by line, so that an interrupted run keeps what it computed
-                    append_jsonl(self.cache_path, [{"fen": fen, "limit": self.tag, "engine": self.engine,
-                                                    "multipv": self.multipv, "moves": moves, "evals": evals}])
-                bar.update()
-        return {f: self.cache[f] for f in fens}
-
-    def submit(self, fens):
-        """annotate(fens) in a background thread, in chunks of 8 per worker: one future per FEN, whose result is
-        the {fen: label} of its chunk. Chunks, so that close() waits for one chunk, not the whole list; a
-        thread suffices because the search runs in the engines' own processes."""
-        if self.driver is None:
-            self.driver = ThreadPoolExecutor(1, thread_name_prefix="annotate")
-        n = 8 * self.workers
-        chunks = [self.driver.submit(self.annotate, fens[i:i + n]) for i in range(0, len(fens), n)]
-        return [chunks[i // n] for i in range(len(fens))]
-
-    def close(self):
-        if self.driver is not None:
-            self.driver.shutdown(wait=True, cancel_futures=True)  # the chunk being searched finishes (and is cached)
-        while not self.idle.empty():
-            _close(self.idle.get())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def write_jsonl(path, meta, positions, labels):
-    """Header record, then one position per line; written to a temporary file first, then renamed."""
+def write_jsonl(path, meta, positions, labels, transitions=()):
+    """Header record, then one P: position per line (with its phase when known), then one A: transition per
+    line ({"fen", "move", "history"}: python-chess labels it on loading); written to a temporary file first,
+    then renamed."""
     tmp = path + ".tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps({"meta": meta}) + "\n")
-        for fen, history, _ in positions:
+        for fen, history, phase_name in positions:
             moves, evals = labels[fen]
-            record = {"fen": fen, "moves": moves, "evals": evals, "history": history}
+            record = {"fen": fen, "moves": moves, "evals": evals, "history": history, "phase": phase_name}
             f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        for fen, move, history in transitions:
+            f.write(json.dumps({"fen": fen, "move": move, "history": history}, separators=(",", ":")) + "\n")
     os.replace(tmp, path)
+
+
+GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shipped: rebuilt by the command in README
+def play_games(tag, n, stockfish_path, workers):
+    """n games of positions.play_game, game i seeded by (tag, i): the same games whatever the worker count."""
+    path = find_stockfish(stockfish_path)
+
+    def one(i):
+        engine = engines.get()
+        try:
+            return play_game(engine, random.Random(f"{tag}-{i}"))
+        finally:
+            engines.put(engine)
+
+    engines = queue.Queue()
+    for _ in range(workers):
+        engine = chess.engine.SimpleEngine.popen_uci(path)
+        engine.configure({"Threads": 1})
+        engines.put(engine)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(tqdm(pool.map(one, range(n)), total=n, desc=f"{tag} games", unit="game"))
+    finally:
+        while not engines.empty():
+            close_engine(engines.get())
+
+
+def game_positions(games, rng, n, exclude=frozenset()):
+    """n distinct positions (fen, history, phase) drawn uniformly over the plies of the games, none over
+    and none whose key is in exclude."""
+    seen, out = set(exclude), []
+    candidates = [(fen, history) for moves, _ in games for fen, history, _ in game_transitions(moves)]
+    rng.shuffle(candidates)
+    for fen, history in candidates:
+        key = position_key(fen)
+        if key not in seen:
+            seen.add(key)
+            out.append((fen, history, phase(chess.Board(fen))))
+            if len(out) == n:
+                break
+    return out
+
+
+def game_env_records(games, rng, exclude=frozenset(), per_bucket=None, cut_rate=0.25):
+    """Distinct A: transitions of the games as (fen, move, history incl. move): the move played (88%), an illegal
+    move (10%) or no UCI move (2%), none on or onto a position whose key is in exclude. The history is the game's
+    own, cut to a random shorter length a cut_rate share of the time: a position handed over without its whole
+    game. per_bucket: that many of each history-length bucket (HISTORY_BUCKETS), each cut to a length drawn within
+    its bucket; else every transition once."""
+    plies = [(fen, history, played) for moves, _ in games for fen, history, played in game_transitions(moves)]
+    rng.shuffle(plies)
+    out, seen = [], set()
+    for lo, hi in HISTORY_BUCKETS if per_bucket is not None else [(None, None)]:
+        taken = 0
+        for fen, history, played in plies:
+            if per_bucket is not None:
+                if taken == per_bucket:
+                    break
+                if len(history) < hi - 1:
+                    continue
+                history = history[len(history) - rng.randint(lo, hi) + 1:]
+            elif history and rng.random() < cut_rate:
+                history = history[rng.randint(1, len(history)):]
+            s = random_env_sample(fen, history, rng, illegal_rate=0.10, move=played)
+            key = (position_key(s.fen), s.move, tuple(s.history))
+            if key in seen or position_key(s.fen) in exclude or (s.next_fen and position_key(s.next_fen) in exclude):
+                continue
+            seen.add(key)
+            out.append((s.fen, s.move, s.history))
+            taken += 1
+    return out
+
+
+def build_from_games(a):
+    """--games: realistic data. Eval games (seeded "<seed>-eval") give the held-out P: positions and A:
+    transitions per history bucket, none on a position that any training game or the shipped pool reaches (the
+    start position and common openings stay trainable); training games ("<seed>-train") the pool's P: positions
+    and every one of their A: transitions, none on a held-out position."""
+    t0 = time.time()
+    rng = random.Random(a.seed)
+    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers)
+    train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers)
+    trained = shipped_keys([POOL_PATH]) | {position_key(fen) for moves, _ in train_games for fen in game_fens(moves)}
+    eval_positions = game_positions(eval_games, rng, a.eval, exclude=trained)
+    eval_env = game_env_records(eval_games, rng, exclude=trained, per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
+    held_out = {position_key(f) for f, _, _ in eval_positions}
+    for fen, move, history in eval_env:
+        held_out.add(position_key(fen))
+        board = chess.Board(fen)
+        if move in legal_ucis(fen):
+            board.push_uci(move)
+            held_out.add(position_key(board.fen()))
+    pool_positions = game_positions(train_games, rng, a.pool, exclude=held_out)
+    pool_env = game_env_records(train_games, rng, exclude=held_out)
+    with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
+        labels = ann.annotate([fen for fen, _, _ in eval_positions + pool_positions])
+        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
+                "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
+    write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
+    write_jsonl(a.pool_path, {**meta, "games": a.games}, pool_positions, labels, pool_env)
+    print(f"wrote {len(pool_positions)} pool positions and {len(pool_env)} A: transitions of {a.games} games, "
+          f"{len(eval_positions)} eval positions and {len(eval_env)} A: transitions of {a.eval_games} games "
+          f"({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
+
+
+def describe(path):
+    """The distributions of a data file, as lines: move number, pieces on the board and phase of its P:
+    positions; history length of its A: transitions (the move included)."""
+    samples = load_jsonl(path)
+    boards = [chess.Board(s.fen) for s in samples if s.task == "P"]
+    lines = [f"{path}: {len(boards)} P: positions, {len(samples) - len(boards)} A: transitions"]
+    for name, values in (("move number", [b.fullmove_number for b in boards]),
+                         ("pieces", [len(b.piece_map()) for b in boards])):
+        if values:
+            lines.append(f"  {name:12s} p10 / p50 / p90: " + " / ".join(f"{np.percentile(values, q):.0f}" for q in (10, 50, 90)))
+    if boards:
+        phases = Counter(phase(b) for b in boards)
+        lines.append("  phase        " + ", ".join(f"{k} {100 * phases[k] / len(boards):.0f}%"
+                                                    for k in ("opening", "middlegame", "endgame")))
+    env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
+    if env:
+        lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(
+            env.items(), key=lambda kv: int(kv[0].split("-")[0]))))
+    return lines
 
 
 def main(argv=None):
@@ -336,9 +183,24 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="Stockfish processes")
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     p.add_argument("--cache", default=DEFAULT_CACHE, help="JSONL cache of analyses ('' for none)")
-    p.add_argument("--pool_path", default=POOL_PATH)
-    p.add_argument("--eval_path", default=EVAL_PATH)
+    p.add_argument("--pool_path", default=None, help=f"default {POOL_PATH}; with --games {GAMES_POOL_PATH}")
+    p.add_argument("--eval_path", default=None, help=f"default {EVAL_PATH}; with --games {REAL_EVAL_PATH}")
+    p.add_argument("--games", type=int, default=0, help="training games of realistic play (positions.play_game) "
+                   "instead of generated positions: the pool's positions and A: transitions come from them")
+    p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games)")
+    p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
+                   "(with --games)")
+    p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
+    if a.describe:
+        for path in a.describe:
+            print("\n".join(describe(path)))
+        return
+    a.argv = sys.argv[1:] if argv is None else argv
+    if a.games:
+        a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
+        return build_from_games(a)
+    a.pool_path, a.eval_path = a.pool_path or POOL_PATH, a.eval_path or EVAL_PATH
     t0 = time.time()
     need, source, rng, positions = a.pool + a.eval, iter_positions(a.seed), random.Random(a.seed), []
     with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, a.cache, multipv=1) as screen:

@@ -6,45 +6,12 @@ Benchmarks, in three modes (random weights; real RookWorld prompts from the ship
     python mini/bench.py sampler   # our generate against full recompute per token and transformers' generate
     python mini/bench.py scoring   # reward scoring, completions/s on one core
     python mini/bench.py scoring --engine   # and the --p_reward engine reward, cold and warm cache (Stockfish)
-
-    python mini/bench.py                                       # 124M, 64 prompts x 16, micro-batch 128: a GPU
-    python mini/bench.py --compile_decode --no_transformers --no_trl --json logs/bench-compiled.json
-    python mini/bench.py --auto_batch_size --steps 1 --no_transformers --no_trl   # the batch --auto_batch_size picks
     OMP_NUM_THREADS=1 python mini/bench.py --n_layer 4 --n_head 4 --n_embd 256 --prompts 4 --k 8 --new_tokens 64 \
         --steps 3 --trl_steps 3                                # CPU-sized, with the TRL comparison (~6 min)
-    OMP_NUM_THREADS=1 python mini/bench.py sampler             # 4 layers x 256 wide, 4 prompts x 4, 64 new tokens
-    python mini/bench.py scoring
-    pip install -e ".[bench]"                                  # trl and transformers, for the comparisons
 
-step prints the figures of the median of --steps timed steps (by step time; the slower middle one of an even
-count, so one recompilation or hiccup does not count), after one warm-up step; --json PATH writes them:
-  seconds per phase    generate, ref_logprobs, score (the wait the overlap did not hide), update
-  rollout tokens/s     completion tokens / generate seconds
-  completions/s        prompts * k / seconds of the whole step, end to end (TRL: of one optimizer step)
-  training phase       6 FLOPs per parameter per trained token (the tied embedding counted once, as the output
-                       projection, which runs on completion tokens only) / update seconds, in TFLOP/s; MFU divides
-                       by --peak_tflops (default by GPU name: H100 and H200 989, A100 312, dense bf16)
-  peak memory          CUDA: the largest per-step peak allocation; CPU: the process's peak resident memory
-  decode bandwidth     bytes an ideal decoder must read per decode step over the measured time per step:
-                           bytes = b * P + 2 * n_layer * n_embd * b * N * (mean prompt length + new_tokens / 2)
-                           GB/s  = bytes / (generate seconds / new_tokens) / 1e9,  roofline share = GB/s / --peak_gbps
-                       P parameters (weights read once per token), N = prompts * k rows, the KV cache of every
-                       row read once per token, b = 2 bytes under bf16 autocast (else 4); --peak_gbps defaults by
-                       GPU name (H100 3350, H100 PCIe 2000, H200 4800, A100 2039). Prefill and sampling count in
-                       the time, so the share is a lower bound.
-Completions are 64 tokens (--new_tokens), near the real ~58-66 of P:/A:; our rollout is not forced, but random
-weights sample EOS about once in 50,000 tokens, so rows run to the end; transformers and TRL are forced
-(min_new_tokens). TRL runs with the same K (num_generations), forced length (max_completion_length and
-generation_kwargs min_new_tokens), KL coefficient (beta), loss type, clip range, learning rate, micro-batch
-(per_device_train_batch_size, and gradient_accumulation_steps to make up prompts * k completions, all generated
-at once), bf16 on CUDA, no gradient checkpointing, and a cheap reward (the share of digits); it is timed over
---trl_steps optimizer steps after one warm-up step. On a CPU the ratio is also given in CPU seconds of this
-process per step, which other jobs on a shared machine disturb less than wall time (with OMP_NUM_THREADS=1).
-On CUDA, transformers' generate uses a static cache (it compiles its forward; the warm-up call pays for that),
-or its default cache when that fails. A comparison that fails is reported and recorded; our figures stay.
-sampler times its decoders in interleaved rounds (median of --steps), so they share the load of a busy machine;
-step times ours, then transformers, then TRL, one after the other, so on a shared CPU its wall-clock ratios carry
-the load's drift: there the sampler ratio and step's CPU-seconds ratio to TRL are the steadier figures.
+step reports the median of --steps timed steps after a warm-up (--json PATH writes it): seconds per phase,
+rollout tokens/s, completions/s, TFLOP/s and MFU of the update, peak memory, decode bandwidth. What each figure
+counts, and how transformers and TRL are set up to match, is in the README.
 """
 import gc
 import json
@@ -60,16 +27,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 
 import torch
 
+from mini.autobatch import choose_batch_size
 from mini.config import EVAL_PATH, POOL_PATH, Config, Parser, Switch, at_least
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
-from mini.annotate import find_stockfish
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
 from mini.runtime import autocast, peak_memory_mb, resolve_device
 from mini.sampler import generate, pad_left
+from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
 from mini.train import Trainer
 
@@ -112,7 +80,7 @@ def device_name(device):
 
 def pool_prompts(n, seed=0):
     """n real mixed P:/A: prompts (text) from the shipped pool, A: share as in training."""
-    return [s.prompt for s in TaskSampler(load_jsonl(POOL_PATH), Config.mix_env_ratio, seed=seed).draw(n)]
+    return [s.prompt for s in PoolSource(load_jsonl(POOL_PATH), Config.mix_env_ratio, seed=seed).draw(n)]
 
 
 def hf_generate(model, tok, prompts, new_tokens, device, cfg):
@@ -171,7 +139,7 @@ def ours(a, cfg, device):
     calls after one warm-up step."""
     tr = Trainer(cfg)
     if a.auto_batch_size:
-        tr.choose_batch_size()
+        choose_batch_size(tr)
         a.prompts = cfg.batch_size
     tr.train_step()  # warm-up (and compilation)
     rows = []

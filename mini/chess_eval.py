@@ -1,55 +1,12 @@
-"""
-Chess-skill evaluation of a RookWorld policy, after the RookWorld paper's own: checkmate in one, the
-centipawn loss of its moves, self-play length, games against Stockfish, and the arbiter (A: task) judged
-on the moves of real games.
+"""Chess skill of a RookWorld policy, after the RookWorld paper's own: mate in one, the centipawn loss of its
+moves, self-play length, the arbiter (A:) on the moves of its games, and games against Stockfish. Per-item
+values let --compare pair two reports with bootstrap intervals; the README defines each section and metric.
 
     python mini/chess_eval.py --model_path logs/run/final [--out chess.json]            # the whole suite
     python mini/chess_eval.py --model_path logs/run/final --n_mates 100 --games 16 --sf_games 0   # a subset
     python mini/chess_eval.py --compare before.json after.json               # paired 95% intervals
     python mini/chess_eval.py --build_mates --n 1000 --seed 0                # regenerate mini/data/mate_in_one.jsonl
-    python -m pytest -q mini/test_chess_eval.py
-
-Everything the model is asked goes through a *player*: a function from a list of prompts to a list of
-completion texts (model_player wraps generate; the tests plug in scripted ones). Moves are read from a P:
-completion by policy_move: the first word after the last "B:" when it is a UCI move; M: and E: need not
-parse (evaluate.py measures the format), an answer without such a move is "invalid".
-
-1. mate in one (mini/data/mate_in_one.jsonl, every mating move listed): greedy B: is one of them.
-   chess_mate_acc, chess_mate_invalid, chess_mate_illegal (a UCI move that is not legal).
-2. move quality (Stockfish; skipped when absent) on the first --n_quality positions of the eval set:
-   centipawn loss of the greedy B: move against Stockfish's best at a fixed depth, one thread
-   (Annotator.move_losses), mover's view, clipped to [0, 1000]; an invalid or illegal move costs 1000.
-   chess_cpl (mean), chess_cpl_median, chess_blunder (share with loss >= 200).
-3. self-play: --games games of the policy against itself, even-numbered ones from the initial position,
-   odd ones from OPENINGS in turn, sampling at --temperature 0.6 and --top_k 5; all live games advance in one
-   batched call per half-move. A game ends at checkmate, a draw by the rules (claimable ones included:
-   threefold repetition, fifty moves), an illegal or unparseable move, or --max_plies legal half-moves.
-   chess_selfplay_plies (legal half-moves by the policy, mean), _median, chess_selfplay_legal_end (share
-   ended by the rules), chess_selfplay_end_<how> (share per ending).
-4. arbiter in the loop: every move the policy tried in self-play that is a UCI string (legal or not) becomes
-   an A: prompt, env_prompt(fen, move, last <= 10 half-moves including it), answered greedily; agreement with
-   python-chess (env_completion): chess_arbiter_all (next FEN, reward, terminated and truncated all right),
-   chess_arbiter_<field>. At most --arbiter_max transitions, the first ones game by game.
-5. games against Stockfish (skipped when absent): --sf_games games at Skill Level --sf_skill with --sf_nodes
-   nodes a move, in pairs from the same start (the policy White, then Black): the initial position, then
-   OPENINGS in turn. The policy plays greedily (its best guess), and an illegal or unparseable move loses.
-   chess_sf_score (1 win, 0.5 draw, 0 loss; --max_plies ends in a draw), chess_sf_win/draw/loss,
-   chess_sf_plies (half-moves played from the start). At the default Skill Level 20, one thread and a fixed
-   node count Stockfish is deterministic, so a game repeats move for move and --compare pairs games. Below
-   20 it picks among its top moves with a clock-seeded random number: two runs of one greedy model gave 4.5
-   and 3.25 half-moves a game. Such games repeat only in distribution, and --compare shows them unpaired.
-
-The JSON report keeps per-item values (per position, per game) under "values" and what they are under
-"items", so --compare pairs them by index (evaluate.paired_bootstrap); it refuses, in one sentence, two
-reports whose common sections differ in their items or in the settings behind them (SECTION_SETTINGS:
---max_plies, --sf_depth, --sf_nodes, --temperature, --top_k, --max_new_tokens). Arbiter metrics are per
-transition of each model's own games, which do not pair; --compare shows them without an interval.
-train.py's periodic evaluation can call quick_metrics(model, tok): 100 mate-in-one positions and 16
-self-play games (no arbiter, no Stockfish), a flat dict of chess_* means: 58 s for a random 1-layer model on
-2 busy CPU cores, which never emits EOS and so always runs to max_new_tokens; a trained model stops at ~66.
-The default suite on that model: 444 s (mate in one 325, move quality 94, self-play 17, Stockfish games 2).
 """
-import argparse
 import json
 import math
 import os
@@ -61,59 +18,18 @@ from collections import Counter
 
 import chess
 import chess.engine
-import torch
-from huggingface_hub.utils import tqdm
+from tqdm.auto import tqdm
 
-from mini.annotate import BLUNDER_CP, Annotator, find_stockfish
 from mini.config import EVAL_PATH, MATE_PATH, Config, Parser, Switch, at_least, between
 from mini.dataset import shipped_keys
-from mini.evaluate import complete_texts, load_report, paired_bootstrap
-from mini.formats import UCI, env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
+from mini.evaluate import load_report, paired_bootstrap
+from mini.formats import env_completion, env_prompt, parse_env, policy_prompt, position_key
+from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
+                        policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
 from mini.positions import play
 from mini.runtime import autocast, resolve_device
-
-LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
-              "threefold_repetition", "fifty_moves")
-# well-known openings in UCI, played from the initial position so that games have a history
-OPENINGS = {
-    "ruy_lopez": "e2e4 e7e5 g1f3 b8c6 f1b5 a7a6",
-    "sicilian_najdorf": "e2e4 c7c5 g1f3 d7d6 d2d4 c5d4 f3d4 g8f6 b1c3 a7a6",
-    "french": "e2e4 e7e6 d2d4 d7d5 b1c3 g8f6",
-    "caro_kann": "e2e4 c7c6 d2d4 d7d5 b1c3 d5e4 c3e4",
-    "queens_gambit_declined": "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6",
-    "kings_indian": "d2d4 g8f6 c2c4 g7g6 b1c3 f8g7 e2e4 d7d6",
-    "english": "c2c4 e7e5 b1c3 g8f6 g2g3",
-    "italian": "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3",
-}
-
-
-# ----------------------------------------------------------------------------- players and moves
-
-def model_player(model, tok, temperature=0.0, top_k=0, seed=0, max_new_tokens=96, batch_size=64, autocast=None):
-    """prompts -> completion texts of the model; one seeded generator for all calls, so a run repeats."""
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    return lambda prompts: complete_texts(model, tok, prompts, max_new_tokens, batch_size, autocast,
-                                          temperature=temperature, top_k=top_k, generator=generator)
-
-
-def policy_move(text):
-    """The B: move of a P: completion: the first word after the last 'B:' if it is a UCI move, else None."""
-    b = text.rfind("B:")
-    words = text[b + 2:].split() if b >= 0 else []
-    return words[0] if words and UCI.match(words[0]) else None
-
-
-def in_batches(player, prompts, batch_size=64, desc=""):
-    """player over prompts in chunks, with a progress bar when there is more than one chunk."""
-    out = []
-    for i in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=len(prompts) <= batch_size):
-        out += player(prompts[i:i + batch_size])
-    return out
-
-
-def mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
+from mini.stockfish import BLUNDER_CP, Annotator, find_stockfish
 
 
 # ----------------------------------------------------------------------------- 1. mate in one
@@ -165,39 +81,6 @@ def write_mates(path, records, meta):
     os.replace(tmp, path)
 
 
-def load_mates(path=MATE_PATH, n=None):
-    """The first n records {fen, mates, phase} of a mate-in-one file (the header skipped). ValueError in one
-    sentence when the file cannot be read, holds no position, or a position lacks its mating moves."""
-    fix = "regenerate it with python mini/chess_eval.py --build_mates"
-    try:
-        with open(path, encoding="utf-8") as f:
-            records = [r for r in map(json.loads, f) if "fen" in r]
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); {fix}") from None
-    if not records:  # every metric would be a mean of nothing
-        raise ValueError(f"{path} holds no mate-in-one position; {fix}")
-    lacking = next((r["fen"] for r in records if "mates" not in r), None)
-    if lacking:  # another .jsonl of positions, such as the eval set
-        raise ValueError(f"{path} is not a mate-in-one file: position {lacking} has no 'mates' list; {fix}")
-    return records[:n]
-
-
-def mate_values(records, completions):
-    """Per position: mate (B: is a mating move), invalid (no B: move), illegal (a UCI move, not legal)."""
-    vals = {"chess_mate_acc": [], "chess_mate_invalid": [], "chess_mate_illegal": []}
-    for r, text in zip(records, completions, strict=True):
-        move = policy_move(text)
-        vals["chess_mate_acc"].append(float(move in r["mates"]))
-        vals["chess_mate_invalid"].append(float(move is None))
-        vals["chess_mate_illegal"].append(float(move is not None and move not in legal_ucis(r["fen"])))
-    return vals
-
-
-def eval_mates(player, records):
-    completions = in_batches(player, [policy_prompt(r["fen"]) for r in records], desc="mate in one")
-    return mate_values(records, completions), completions
-
-
 # ----------------------------------------------------------------------------- 2. move quality
 
 def quality_values(losses):
@@ -214,82 +97,11 @@ def eval_quality(player, fens, annotator):
 
 # ----------------------------------------------------------------------------- 3. self-play and 5. arbiter
 
-def opening_board(name):
-    board = chess.Board()
-    for uci in OPENINGS[name].split() if name != "initial" else ():
-        board.push_uci(uci)
-    return board
-
-
-def game_start(i):
-    """Game i's start: even-numbered games from the initial position, odd ones from the openings in turn."""
-    return "initial" if i % 2 == 0 else list(OPENINGS)[(i // 2) % len(OPENINGS)]
-
-
-def game_starts(n):
-    return [game_start(i) for i in range(n)]
-
-
-def policy_turn(board, text, game, max_plies):
-    """Play the move of one completion on board; set game["end"] when the game is over. The move, if UCI,
-    is recorded as an arbiter transition (fen, move, last <= 10 half-moves including it)."""
-    move, fen = policy_move(text), board.fen()
-    if move is None:
-        game["end"] = "unparseable"
-        return
-    game["transitions"].append((fen, move, [m.uci() for m in board.move_stack[-9:]] + [move]))
-    if move not in legal_ucis(fen):
-        game["end"] = "illegal"
-        return
-    board.push_uci(move)
-    game["plies"] += 1
-    outcome = board.outcome(claim_draw=True)
-    if outcome:
-        game["end"] = outcome.termination.name.lower()
-    elif game["plies"] >= max_plies:
-        game["end"] = "max_plies"
-
-
-def half_move(player, boards, games, max_plies):
-    """One player call for every live game (end None): each plays its move (policy_turn). Shared by
-    self_play and mini/selfplay.py's training games."""
-    live = [i for i, g in enumerate(games) if g["end"] is None]
-    completions = player([policy_prompt(boards[i].fen()) for i in live])
-    for i, text in zip(live, completions, strict=True):
-        policy_turn(boards[i], text, games[i], max_plies)
-
-
-def self_play(player, starts, max_plies=200):
-    """Games of the player against itself from the named starts; each half-move is one player call for
-    all live games. Returns one dict per game: start, plies (legal half-moves played), end, moves, transitions."""
-    boards = [opening_board(s) for s in starts]
-    games = [{"start": s, "plies": 0, "end": None, "transitions": []} for s in starts]
-    with tqdm(desc="self-play", unit="half-move", total=max_plies, disable=len(games) < 8) as bar:
-        while any(g["end"] is None for g in games):
-            half_move(player, boards, games, max_plies)
-            bar.update()
-    for g, b in zip(games, boards):
-        g["moves"] = [m.uci() for m in b.move_stack]
-    return games
-
 
 def plies_histogram(plies, width=10):
     """{'0-9': count, '10-19': ...} over the bins that occur."""
     counts = Counter(p // width for p in plies)
     return {f"{k * width}-{k * width + width - 1}": counts[k] for k in sorted(counts)}
-
-
-def selfplay_values(games):
-    return {"chess_selfplay_plies": [float(g["plies"]) for g in games],
-            "chess_selfplay_legal_end": [float(g["end"] in LEGAL_ENDS) for g in games]}
-
-
-def selfplay_summary(games):
-    """Means that are not per-game values: the median and the share of each way a game ended."""
-    ends = Counter(g["end"] for g in games)
-    out = {"chess_selfplay_plies_median": float(statistics.median(g["plies"] for g in games))}
-    out.update({f"chess_selfplay_end_{k}": v / len(games) for k, v in sorted(ends.items())})
-    return out
 
 
 ARBITER_FIELDS = ("next_fen", "reward", "terminated", "truncated")
@@ -447,17 +259,6 @@ def items_of(report):
             "stockfish_games": [[g["start"], g["white"]] for g in report.get("stockfish_games", [])]}
 
 
-def quick_metrics(model, tok, n_mates=100, n_games=16, max_plies=100, temperature=0.6, top_k=5, seed=0,
-                  max_new_tokens=96, autocast=None):
-    """The cheap subset for train.py's periodic evaluation: mate in one on the first n_mates positions and
-    n_games self-play games (no arbiter, no Stockfish), as a flat dict of chess_* means."""
-    greedy = model_player(model, tok, 0.0, 0, seed, max_new_tokens, autocast=autocast)
-    sampler = model_player(model, tok, temperature, top_k, seed, max_new_tokens, autocast=autocast)
-    a = argparse.Namespace(n_mates=n_mates, mates_path=MATE_PATH, n_quality=0, games=n_games, max_plies=max_plies,
-                           arbiter_max=0, sf_games=0)
-    return run_suite(greedy, sampler, a)["metrics"]
-
-
 # the settings each section's per-item values depend on, beside its items: --compare pairs only equal ones
 SECTION_SETTINGS = {"mate_in_one": ("max_new_tokens",), "move_quality": ("max_new_tokens", "sf_depth"),
                     "selfplay": ("max_new_tokens", "max_plies", "temperature", "top_k"),
@@ -507,7 +308,7 @@ def print_table(report):
 def parse_args(argv):
     cfg = Config()
     count = at_least(0)  # 0: skip that part
-    p = Parser("Chess-skill evaluation of a RookWorld snapshot (see the module docstring).", checks={
+    p = Parser("Chess-skill evaluation of a RookWorld snapshot (each section and metric: the README).", checks={
         "n": at_least(1), "n_mates": count, "n_quality": count, "games": count, "arbiter_max": count, "sf_games": count,
         "max_plies": at_least(1), "sf_skill": between(0, 20), "sf_nodes": at_least(1), "sf_depth": at_least(1),
         "workers": at_least(1)})

@@ -15,6 +15,7 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions, shipped
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")  # held-out mate-in-one positions (mini/chess_eval.py)
+REAL_EVAL_PATH = os.path.join(DATA_DIR, "eval_games.jsonl")  # held-out positions and A: transitions of realistic games
 SHIPPED_MODEL = os.path.join(DATA_DIR, "rookworld-8m")  # a small RookWorld-format model that needs no network
 # Stockfish evals after a move (--p_reward engine), shared across runs
 ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish-moves.jsonl")
@@ -70,7 +71,10 @@ class Config:
                            "the same way, mixed with the pool by --selfplay_mix; train.py only)",
                            ["pool", "file", "generate", "selfplay"], scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
-                         "with --data_source file", scripts=BOTH)
+                         "with --data_source file; several, comma-separated, are one source", scripts=BOTH)
+    policy_pad: str = opt("90", "P: prompts' FEN padding: 90 (the generator code's), 89 (RookWorld's validation file's) "
+                          "or both (each P: prompt drawn at either: a model robust to both)", choices=("90", "89", "both"),
+                          scripts=BOTH)
     skip_bad_lines: bool = opt(True, "skip malformed data lines, reported as file:line, up to 100 (else stop at the "
                                "first one)", scripts=BOTH)
     stockfish_path: str = opt("", "Stockfish binary (empty: look on PATH and in /usr/games)", scripts=BOTH)
@@ -155,12 +159,14 @@ class Config:
                               "step then rolls back to where this run started or resumed)", check=at_least(0))
     keep_last: int = opt(3, "regular checkpoints kept (0: all)", check=at_least(0))
     resume_from_checkpoint: str = opt("", "checkpoint file to resume from, with the settings saved in it (flags given "
-                                      "may change only those in config.RESUMABLE)")
+                                      "may change only those in runs.RESUMABLE)")
     auto_resume: bool = opt(False, "resume this run from its latest valid checkpoint with its saved config.json "
                             "(a new run when its directory does not exist yet)")
     recovery_mode: bool = opt(False, "resume this run from its recovery checkpoint (the last known-good state) with "
                               "its saved config.json")
     kl_threshold: float = opt(0.0, "stop the run cleanly when |KL| exceeds this (0: off)", check=at_least(0))
+    time_limit_min: float = opt(0.0, "stop after this many minutes of training (0: only --steps counts)",
+                                check=at_least(0), scripts=BOTH)
 
     # supervised warm start (mini/sft.py): --model_path scratch makes a new model of this shape
     n_layer: int = opt(4, "layers of a model made from scratch", check=at_least(1), scripts=SFT)
@@ -168,19 +174,16 @@ class Config:
     n_embd: int = opt(256, "width of a model made from scratch (a multiple of --n_head)", check=at_least(1), scripts=SFT)
     n_positions: int = opt(256, "context length of a model made from scratch (a P: line is ~150 tokens)",
                            check=at_least(160), scripts=SFT)
-    time_limit_min: float = opt(0.0, "stop after this many minutes of training (0: only --steps counts)",
-                                check=at_least(0), scripts=BOTH)
 
 
 
 FIELDS = {f.name: f for f in fields(Config)}
+# --help's topics: each opens at its field and runs to the next one's, in the order of Config
+SECTIONS = {"model_path": "model and run", "temperature": "sampling", "mix_env_ratio": "tasks and data",
+            "steps": "the GRPO objective", "lr": "optimisation", "eval_every": "evaluation, logs and checkpoints",
+            "n_layer": "a model made from scratch"}
 # how this process starts: always the given flags, never a saved config's (which says how an earlier process started)
 START_FLAGS = ("auto_resume", "recovery_mode", "resume_from_checkpoint", "overwrite")
-# flags a resumed run may change (applied and logged); every other flag defines the run and must match its config.json
-RESUMABLE = frozenset({
-    "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
-    "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
-    "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name"})
 
 
 def device_problem(name):
@@ -237,7 +240,32 @@ def problems(values, checks=None):
         out.append(f"{starts[0]} needs --run_name: the run to continue")
     if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
         out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    out += missing_files(values)
     return [p for p in out if p]
+
+
+def looks_like_path(name):
+    """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
+    (logs/nope: logs exists here)."""
+    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1
+            or os.path.isdir(name.split("/")[0]))
+
+
+def missing_files(values):
+    """The files the flags name that are not there, one sentence each: looked for at parse time, before any
+    model loads."""
+    v, out = values.get, []
+    model = v("model_path")
+    if model and model != "scratch" and looks_like_path(model) and not os.path.isdir(model):
+        out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
+                   "or a hub id like jrahn/RookWorld-LM-124M")
+    if v("data_file") and not os.path.isfile(v("data_file")):
+        out.append(f"--data_file {v('data_file')} does not exist")
+    for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):
+        if v(needed_by) and not os.path.isfile(path):
+            out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "
+                       "git checkout mini/data")
+    return out
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -268,6 +296,8 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("usage", "%(prog)s [options]")  # the options are listed below, with their defaults
         super().__init__(description=description, allow_abbrev=False, formatter_class=HelpFormatter, **kw)
         self.checks = checks  # {flag: (predicate, what it must be)} beyond the Config fields
+        # "-1e-5" and "-inf" are values, where argparse would take them for flags ("expected one argument")
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf$", re.IGNORECASE)
 
     def add_argument(self, *args, **kw):
         """A flag named like a Config field gets that field's help unless it brings its own."""
@@ -287,15 +317,17 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_config_flags(parser, script):
-    """Flags for the Config fields that `script` uses, booleans as --name / --no_name."""
+    """Flags for the Config fields that `script` uses, booleans as --name / --no_name, grouped by SECTIONS."""
+    group = None
     for name, f in FIELDS.items():
+        group = parser.add_argument_group(SECTIONS[name]) if name in SECTIONS else group
         if script not in f.metadata["scripts"]:
             continue
         if isinstance(f.default, bool):
-            parser.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
+            group.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
                                 help=f.metadata["help"])
         else:
-            parser.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=f.metadata["choices"],
+            group.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=f.metadata["choices"],
                                 help=f.metadata["help"])
 
 
@@ -306,8 +338,3 @@ def parse_args(argv=None, script="train", description="Fine-tune RookWorld-LM wi
     add_config_flags(p, script)
     return Config(**vars(p.parse_args(argv)))
 
-
-def given_flags(argv):
-    """Names of the Config fields set on the command line (--name, --no_name, --name=value)."""
-    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-    return {n[3:] if n.startswith("no_") and n[3:] in FIELDS else n for n in names} & set(FIELDS)

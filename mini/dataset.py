@@ -1,8 +1,7 @@
-"""
-Where training prompts come from: the shipped pool of annotated positions, RookWorld text files,
-freshly generated positions annotated by Stockfish as they are needed, and a replay buffer of positions met
-in training. TaskSampler mixes P: and A: prompts from a fixed set of samples, StreamSampler from the
-generated stream; both draw(n) and keep their state in state_dict().
+"""Prompt sources: where training prompts come from. PoolSource mixes P: and A: prompts from a fixed set of
+samples (the shipped pool, a RookWorld text file, annotated positions); StreamSource from fresh positions that
+Stockfish labels as they are needed; both draw(n) and keep their state in state_dict(). A replay buffer of
+positions met in training feeds the A: prompts; held-out positions never enter.
 """
 import json
 import random
@@ -12,10 +11,10 @@ from functools import lru_cache
 
 import chess
 
-from mini.annotate import Annotator
-from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
-from mini.formats import check_policy, parse_line, policy_sample, position_key
+from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
+from mini.formats import PAD_WIDTHS, check_policy, env_sample, legal_ucis, parse_line, policy_sample, position_key, repad
 from mini.positions import iter_positions, random_env_sample
+from mini.stockfish import Annotator
 
 
 MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld data: stop
@@ -62,34 +61,45 @@ def load_text(path, skip_bad_lines=True):
 
 
 def annotated_sample(line):
-    """A line of an annotated-positions JSONL file -> P: sample, checked as a P: text line is (check_policy);
+    """A line of an annotated JSONL file -> P: sample, checked as a P: text line is (check_policy), or, for an
+    A: transition record {"fen", "move", "history"} (mini/annotate.py --games), the A: sample python-chess labels;
     None for the header record."""
     r = json.loads(line)
     if "fen" not in r:
         return None
+    if "move" in r:
+        return env_sample(r["fen"], r["move"], r["history"])
     check_policy(r["fen"], r["moves"], r["evals"])
     return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
 
 
 def load_jsonl(path, skip_bad_lines=True):
-    """Annotated positions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> P: samples."""
+    """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples."""
     records, _ = read_records(path, annotated_sample, skip_bad_lines)
     return [s for s in records if s is not None]
 
 
 def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
-    """position_key of every position in the given shipped files (by default the pool and the eval set)."""
+    """position_key of every position in the given shipped files (by default the pool and the eval set): each
+    record's position and, for an A: transition, the position its move leads to."""
     keys = set()
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            keys |= {position_key(r["fen"]) for r in map(json.loads, f) if "fen" in r}
+            for r in map(json.loads, f):
+                if "fen" in r:
+                    keys.add(position_key(r["fen"]))
+                    if r.get("move") in legal_ucis(r["fen"]):
+                        board = chess.Board(r["fen"])
+                        board.push_uci(r["move"])
+                        keys.add(position_key(board.fen()))
     return keys
 
 
-@lru_cache(maxsize=1)  # the buffer, the samplers and self-play each ask at start-up: one read of the files
+@lru_cache(maxsize=1)  # the buffer, the sources and self-play each ask at start-up: one read of the files
 def held_out_keys():
-    """Positions no training prompt may show: the eval set and the mate-in-one test set."""
-    return frozenset(shipped_keys((EVAL_PATH, MATE_PATH)))
+    """Positions no training prompt may show: the eval sets (generated and realistic games) and the mate-in-one
+    test set."""
+    return frozenset(shipped_keys((EVAL_PATH, REAL_EVAL_PATH, MATE_PATH)))
 
 
 def shows_held_out(sample, held_out):
@@ -134,12 +144,24 @@ class ReplayBuffer:
         return len(self.items)
 
 
-class TaskSampler:
-    """Training prompts: P: from labelled samples, A: from labelled A: lines when the source has them,
-    else python-chess transitions on the P: positions and on the replay buffer's positions; a transition
-    onto a held-out position is drawn again."""
+def pad_widths(policy_pad):
+    """--policy_pad -> the FEN widths P: prompts are drawn at."""
+    return PAD_WIDTHS if policy_pad == "both" else (int(policy_pad),)
 
-    def __init__(self, samples, env_ratio=0.2, seed=0, buffer=None):
+
+def pad_policy(sample, pads, rng):
+    """The P: sample at one of the widths pads (drawn with rng only when there are two, so that a single width
+    leaves the draws of a run as they were)."""
+    return repad(sample, pads[0] if len(pads) == 1 else rng.choice(pads))
+
+
+class PoolSource:
+    """Training prompts: P: from labelled samples; A: from labelled A: samples when the source has them, half the
+    time when it has P: positions too, else python-chess transitions on the P: positions and on the replay
+    buffer's positions; a transition onto a held-out position is drawn again."""
+
+    def __init__(self, samples, env_ratio=0.2, seed=0, buffer=None, pads=(90,)):
+        self.pads = pads  # P: prompts' FEN widths, one drawn per P: prompt when there are two
         self.policy = [s for s in samples if s.task == "P"]
         self.env = [s for s in samples if s.task == "A"]
         if not samples:
@@ -151,8 +173,8 @@ class TaskSampler:
         out = []
         while len(out) < n:
             if self.policy and self.rng.random() >= self.env_ratio:
-                out.append(self.rng.choice(self.policy))
-            elif self.env:
+                out.append(pad_policy(self.rng.choice(self.policy), self.pads, self.rng))
+            elif self.env and (not self.policy or self.rng.random() < 0.5):
                 out.append(self.rng.choice(self.env))
             else:
                 if self.buffer is not None and len(self.buffer) and self.rng.random() < 0.5:
@@ -172,10 +194,10 @@ class TaskSampler:
         self.rng.setstate(s["rng"])
 
     def close(self):
-        """Nothing to release: the samples are in memory (StreamSampler has engines to stop)."""
+        """Nothing to release: the samples are in memory (StreamSource has engines to stop)."""
 
 
-class StreamSampler:
+class StreamSource:
     """--data_source generate: an endless stream of fresh positions (positions.iter_positions, the eval and
     mate-in-one positions left out), each the P: prompt of one training prompt, labelled by Stockfish in the
     background up to `ahead` positions before it is needed (Annotator.submit, with the annotator's disk cache). So a
@@ -185,8 +207,9 @@ class StreamSampler:
     the stream only, never on Stockfish's speed. state_dict() holds the RNG, the stream offset and the recent
     positions; load_state_dict replays the stream to the offset (~10 ms a position, labels from the cache)."""
 
-    def __init__(self, annotator, env_ratio=0.2, seed=0, buffer=None, ahead=64, capacity=1024):
+    def __init__(self, annotator, env_ratio=0.2, seed=0, buffer=None, ahead=64, capacity=1024, pads=(90,)):
         self.ann, self.env_ratio, self.seed, self.buffer, self.ahead = annotator, env_ratio, seed, buffer, ahead
+        self.pads = pads
         self.held_out, self.rng, self.recent = held_out_keys(), random.Random(seed), deque(maxlen=capacity)
         self._seek(0)
 
@@ -204,7 +227,8 @@ class StreamSampler:
         fen, history, future = self.queue.popleft()
         self.taken += 1
         self.recent.append((fen, history))
-        return policy_sample(fen, *future.result()[fen], history=history)  # waits only if Stockfish is behind
+        # waits only if Stockfish is behind
+        return pad_policy(policy_sample(fen, *future.result()[fen], history=history), self.pads, self.rng)
 
     def draw(self, n):
         out = []
@@ -235,27 +259,28 @@ class StreamSampler:
         self.ann.close()
 
 
-def make_sampler(cfg, buffer=None, rank=0):
-    """The prompt sampler of the configured source: the shipped pool (also what selfplay mixes its own
-    positions with, mini/selfplay.py), a RookWorld text file or a JSONL file of annotated positions like the
-    pool, or (generate) fresh positions labelled by Stockfish as they are needed, seeded cfg.seed + rank
-    (each torchrun rank draws its own). Held-out positions
-    (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
+def make_source(cfg, buffer=None, rank=0):
+    """The configured prompt source: the shipped pool (also what selfplay mixes its own positions with), a
+    RookWorld text file or a JSONL file of annotated positions like the pool, or (generate) fresh positions
+    labelled by Stockfish as they are needed, seeded cfg.seed + rank (each torchrun rank draws its own).
+    Held-out positions (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
     a FileNotFoundError that Stockfish is missing."""
     if cfg.data_source == "generate":
         ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
-        return StreamSampler(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer)
+        return StreamSource(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
-        if cfg.data_file.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
-            samples = load_jsonl(cfg.data_file, cfg.skip_bad_lines)
-        else:
-            samples = load_text(cfg.data_file, cfg.skip_bad_lines)[0]
+        samples = []
+        for path in cfg.data_file.split(","):  # several files are one source
+            if path.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
+                samples += load_jsonl(path, cfg.skip_bad_lines)
+            else:
+                samples += load_text(path, cfg.skip_bad_lines)[0]
         held_out = held_out_keys()
         samples = [s for s in samples if not shows_held_out(s, held_out)]
         if not samples:
             raise ValueError(f"{cfg.data_file}: every position in it is a held-out eval or mate-in-one position")
     else:
         samples = load_jsonl(POOL_PATH)
-    return TaskSampler(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer)
+    return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))

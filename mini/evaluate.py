@@ -1,53 +1,14 @@
 """
 Held-out evaluation: greedy, batched completions scored with the RookWorld metric definitions
-(mini/formats.py) and the training reward. train.py calls evaluate() every eval_every steps.
+(mini/formats.py) and the training reward; train.py calls evaluate() every eval_every steps. Each metric is
+a mean over its task's samples (eval_<task>_<name>); an invalid completion is wrong in every accuracy and left
+out of the MAEs. --compare pairs two reports on the same prompts with bootstrap intervals. Every metric is
+defined in the README.
 
     python mini/evaluate.py --model_path logs/run/final                    # shipped eval set, Config().eval_n per task
     python mini/evaluate.py --model_path logs/run/final --n 500 --out logs/run/eval-500.json
     python mini/evaluate.py --model_path logs/run/final --data rookworld_val.txt --n 500   # P: and A: text lines
-    python mini/test_evaluate.py
-
-Data: the shipped eval set (or any annotated .jsonl) gives the first n positions as P: prompts and n
-A: transitions on them (held_out_samples); a RookWorld text file gives its first n P: and n A: lines.
-Writes the table to stdout and JSON (metrics, counts, completions) to --out, default eval.json in the model
-directory. Every metric is a mean over the samples of its task (eval_<task>_<name>, or _white/_black for
-one side to move); invalid completions count as wrong (0) in every accuracy and are left out of the MAEs.
-A metric with nothing to average (an MAE when nothing is valid) is left out of the dict.
-
-P: (a completion is invalid when "M: <1-5 UCI moves> E: <as many numbers> B: <one move>" does not parse,
-    the reward's format tier)
-  invalid           share of invalid completions (eval_format_valid_P is 1 minus it)
-  best_legal        B: is a legal move
-  best_acc_label    B: equals the sample's label (shipped data: Stockfish PV1; text line: its B:)
-  best_acc_pv1      B: equals Stockfish's PV1, over the samples where PV1 is known: the labelled move with
-                    the highest eval, a tie at the top going to the label when the label is in it (the shipped
-                    data, where label = PV1, always) and leaving PV1 unknown otherwise. For a text line's
-                    Black positions it differs from the label (the generator's bug, see mini/formats.py)
-  top5_acc          |set(M: generated) & set(M: label)| / |set(M: label)|, 5 unless the position has fewer
-                    legal moves (then the label itself scores 1, the published definition divides by 5)
-  top5_legal        share of a completion's distinct M: moves that are legal
-  illegal_<kind>    B: is illegal for that reason (formats.illegal_kind): from (no own piece on its first
-                    square), geometry (the piece cannot make that move there), check (it leaves the own king in
-                    check); with best_legal, invalid and a non-UCI B: these add up to 1
-  eval_mae          mean |E: generated - E: label| in pawns over moves in both M: lists (pooled over moves,
-                    matched by move), evals clipped to +-10 pawns so that a mate (+-999.x) cannot swamp it
-A: (invalid unless four "+" fields, a FEN of 6 fields python-chess accepts, a number, two 0/1 flags)
-  invalid, next_state_exact, levenshtein (1 - normalized Levenshtein distance of the next FEN),
-  reward_exact, terminated_acc, truncated_acc, and reward_mae over valid completions with the generated
-  reward clipped to [-1, 1], the labels' range, so one absurd number cannot swamp it
-Both: eval_reward_<task> and eval_reward, the mean training reward (reward_scorer.score, -0.3 when invalid).
-P: move quality, with --engine_quality (needs Stockfish; skipped with a sentence where absent): the B: move
-   judged by reward_scorer.move_quality, the function of the --p_reward engine reward, against the best
-   labelled eval (a labelled move takes its labelled eval, another legal move Stockfish's eval after it at
-   --engine_depth/--engine_nodes, cached in --engine_cache); an invalid or illegal move loses 1000 cp and
-   all of W(best). cpl (mean centipawn loss, clipped to [0, 1000]), cpl_median, winprob_loss (mean
-   W(best) - W(move)), blunder (share with cpl >= 200), move_score (the engine reward's best component).
-   A move the engine cannot judge (it rejects the position) is None in the per-sample values, left out of
-   the means, and --compare pairs a sample only where both reports' moves were judged.
-
---compare BEFORE AFTER re-scores the completions of two reports on the same prompts with the eval set they
-name, and refuses (one sentence) reports made on other prompts or with other --shaping, and an eval set
-that no longer holds the reports' prompts and labels.
+    python mini/evaluate.py --compare before.json after.json
 """
 import contextlib
 import json
@@ -57,36 +18,39 @@ import sys
 import time
 from collections import defaultdict
 
+import chess
 import numpy as np
 import torch
-from huggingface_hub.utils import tqdm
+from tqdm.auto import tqdm
 
-from mini.annotate import BLUNDER_CP, find_stockfish
 from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
 from mini.dataset import load_jsonl, load_text
-from mini.formats import ILLEGAL_KINDS, illegal_kind, legal_ucis, parse_env, parse_policy
+from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model
-from mini.positions import random_env_sample
+from mini.positions import history_bucket, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
+from mini.stockfish import BLUNDER_CP, find_stockfish
 
 BATCH_SIZE = 64
 
 
-def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH):
-    """The first n P: positions of the eval set, and n A: transitions on the same positions (fixed seed)."""
-    policy = load_jsonl(path)[:n_per_task]
+def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH, pad=90):
+    """The first n P: positions of the eval set (FEN padded to pad), and its first n A: transitions when it holds
+    some (the realistic games' set), else n A: transitions on the same positions (fixed seed)."""
+    samples = load_jsonl(path)
+    policy = [repad(s, pad) for s in samples if s.task == "P"][:n_per_task]
+    env = [s for s in samples if s.task == "A"][:n_per_task]
     rng = random.Random(seed)
-    env = [random_env_sample(s.fen, s.history, rng) for s in policy]
-    return policy + env
+    return policy + (env or [random_env_sample(s.fen, s.history, rng) for s in policy])
 
 
-def load_eval_set(path, n_per_task):
+def load_eval_set(path, n_per_task, pad=90):
     """Shipped eval set when path is empty, held_out_samples of a .jsonl, else the first n P: and A: lines."""
     if not path or path.endswith(".jsonl"):
-        return held_out_samples(n_per_task, path=path or EVAL_PATH)
-    samples = load_text(path)[0]
+        return held_out_samples(n_per_task, path=path or EVAL_PATH, pad=pad)
+    samples = [repad(s, pad) for s in load_text(path)[0]]
     samples = [s for s in samples if s.task == "P"][:n_per_task] + [s for s in samples if s.task == "A"][:n_per_task]
     if not samples:
         raise ValueError(f"{path} holds no valid RookWorld P: or A: line")
@@ -112,6 +76,9 @@ def policy_values(s, completion):
            ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
     kind = illegal_kind(s.fen, best) if best is not None and best not in legal else None  # a legal move has none
     out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
+    out.append((f"best_legal_{phase(chess.Board(s.fen))}", best in legal))
+    if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
+        out.append(("best_acc_pv1_legal", best == pv1))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
         out.append(("best_acc_label" + suffix, best == s.best))
         if pv1:
@@ -126,21 +93,23 @@ def env_values(s, completion, comps):
            ("truncated_acc", comps["truncated_exact"])]
     if comps["format_valid"]:
         out.append(("reward_mae", abs(clip(parse_env(completion)[1], 1.0) - s.reward)))
-    return out
+    return out + [(f"next_state_exact_h{history_bucket(len(s.history))}", comps["fen_exact"])]
 
 
 def quality_values(samples, completions, engine):
     """(name, value) pairs of move quality per sample (see the docstring), from an EngineReward's engine;
     a P: move the engine could not judge gets None values, so that the lists stay aligned with the P: samples."""
     out = []
-    for s, (_, q) in zip(samples, judge_moves(engine, samples, completions)):
+    for s, (move, q) in zip(samples, judge_moves(engine, samples, completions)):
         if s.task != "P":
             out.append([])
         elif q is None:
             out.append([(k, None) for k in ("cpl", "winprob_loss", "blunder", "move_score")])
         else:
             out.append([("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]), ("blunder", q["cpl"] >= BLUNDER_CP),
-                        ("move_score", q["score"])])
+                        ("move_score", q["score"])]
+                       # over legal moves only (None otherwise, left out of the mean): how good a legal answer is
+                       + [("cpl_legal", q["cpl"] if move in legal_ucis(s.fen) else None)])
     return out
 
 
@@ -272,7 +241,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
         raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
                          f"{reports[1]['shaping']}; evaluate both with the same --shaping")
     data = reports[0]["data"]
-    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"])
+    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"], reports[0].get("pad", 90))
     stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(
         x.get("label", s.completion) != s.completion for r in reports for s, x in zip(samples, r["samples"]))
     if stale:  # the completions would be scored against other positions or labels
@@ -290,6 +259,7 @@ def main(argv=None):
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two JSON reports: deltas with bootstrap CIs")
     p.add_argument("--data", default="", help="RookWorld text file or annotated .jsonl (default: the shipped eval set)")
     p.add_argument("--n", type=int, default=cfg.eval_n, help="prompts per task")
+    p.add_argument("--pad", type=int, default=90, choices=PAD_WIDTHS, help="P: prompts' FEN padding (formats.PAD_WIDTHS)")
     p.add_argument("--out", default="", help="JSON report (default: eval.json in the model directory)")
     p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
@@ -331,7 +301,7 @@ def main(argv=None):
         p.error("--model_path is required (or --compare BEFORE AFTER)")
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
-        samples = load_eval_set(args.data, args.n)
+        samples = load_eval_set(args.data, args.n, args.pad)
         model, tok = load_model(args.model_path, device)
         t0 = time.perf_counter()
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
@@ -349,7 +319,7 @@ def main(argv=None):
         print(f"{k:28s} {v:9.4f} {len(known(values.get(k, values.get(k.removesuffix('_median'), [])))):6d}")
     print(f"{len(samples)} prompts in {seconds:.1f}s")
     out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
-    report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n,
+    report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n, "pad": args.pad,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
               "metrics": metrics, "counts": {k: len(known(v)) for k, v in values.items()},
               "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path},

@@ -27,7 +27,7 @@ Tokens: GPT-2 BPE has no multi-space tokens, so every padding space is a token (
 """
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import chess
@@ -58,9 +58,17 @@ class Sample:
 
 # ----------------------------------------------------------------------------- formats
 
-def policy_prompt(fen):
-    """'P: ' + fen padded to 90 columns, less the last space, which merges into the next token ' M'."""
-    return "P: " + fen + " " * max(89 - len(fen), 0)
+PAD_WIDTHS = (90, 89)  # the FEN's padded width: the generator code's 90, RookWorld's published validation file's 89
+
+
+def policy_prompt(fen, width=90):
+    """'P: ' + fen padded to width columns, less the last space, which merges into the next token ' M'."""
+    return "P: " + fen + " " * max(width - 1 - len(fen), 0)
+
+
+def repad(sample, width):
+    """A P: sample with its FEN padded to another width (PAD_WIDTHS); other samples unchanged."""
+    return replace(sample, prompt=policy_prompt(sample.fen, width)) if sample.task == "P" else sample
 
 
 def policy_completion(moves, evals, best):

@@ -13,7 +13,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from mini.config import SHIPPED_MODEL
+from mini.config import SHIPPED_MODEL, looks_like_path
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 
@@ -23,13 +23,6 @@ SNAPSHOT_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "voca
 
 class LoadError(Exception):
     """A problem the user can fix; the message says how."""
-
-
-def looks_like_path(name):
-    """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
-    (logs/nope: logs exists here)."""
-    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1
-            or os.path.isdir(name.split("/")[0]))
 
 
 def resolve_snapshot(name_or_path):

@@ -4,9 +4,11 @@ A: transitions on them (mostly plausible legal moves, some illegal moves and gar
 the shipped data (mini/annotate.py), of A: prompts in training, and of fresh positions for the warm start.
 """
 import itertools
+import math
 import random
 
 import chess
+import chess.engine
 
 from mini.formats import env_sample, position_key
 
@@ -98,9 +100,9 @@ def generate_positions(n, seed):
     return list(itertools.islice(iter_positions(seed), n))
 
 
-def random_env_sample(fen, history, rng, illegal_rate=0.05, garbage_rate=0.02):
-    """A: sample on a position: mostly a plausible legal move (game-ending ones favoured, they are rare),
-    sometimes an illegal move or a string that is no UCI move at all."""
+def random_env_sample(fen, history, rng, illegal_rate=0.05, garbage_rate=0.02, move=None):
+    """A: sample on a position: `move` (the move a game played) or, when None, a plausible legal move
+    (game-ending ones favoured, they are rare); sometimes an illegal move or a string that is no UCI move."""
     board, u = chess.Board(fen), rng.random()
     legal = list(board.legal_moves)
     if u < garbage_rate:
@@ -113,7 +115,7 @@ def random_env_sample(fen, history, rng, illegal_rate=0.05, garbage_rate=0.02):
         while m is None or m.from_square == m.to_square or m in board.legal_moves:
             m = chess.Move(rng.choice(own), rng.randrange(64))
         move = m.uci()
-    else:
+    elif move is None:
         ending = [m for m in legal if _ends(board, m)]
         move = (rng.choice(ending) if ending and rng.random() < 0.5
                 else rng.choices(legal, [_weight(board, m, 0.5) for m in legal])[0]).uci()
@@ -125,3 +127,92 @@ def _ends(board, move):
     over = board.is_game_over()
     board.pop()
     return over
+
+
+# ----------------------------------------------------------------------------- realistic games
+
+MATE_SCORE = 100000  # centipawns of a mate when softmaxing engine scores
+RESIGN_CP, RESIGN_PLIES = 900, 4  # a side down this much for this many plies in a row resigns
+DRAW_CP, DRAW_PLIES, DRAW_FROM = 30, 20, 120  # a level game this long after ply DRAW_FROM is agreed drawn
+MAX_PLIES = 300
+
+
+def game_style(rng):
+    """One side's strength, drawn per game so that games range from club blunders to solid play: Stockfish's
+    node budget, the temperature (centipawns) of the softmax over its MultiPV scores, and how often the side
+    plays a merely plausible move instead (a blunder, more often than not)."""
+    return {"nodes": rng.choice((100, 300, 1000)), "temperature_cp": math.exp(rng.uniform(math.log(10), math.log(150))),
+            "blunder_rate": rng.uniform(0.0, 0.08)}
+
+
+def engine_move(engine, board, rng, nodes, temperature_cp, multipv=5):
+    """(move, the best score in centipawns for the side to move): a move sampled from a softmax over Stockfish's
+    MultiPV scores at temperature_cp. One thread and a new game per search (hash cleared) keep it a function of
+    the position, the settings and rng."""
+    infos = [i for i in engine.analyse(board, chess.engine.Limit(nodes=nodes), multipv=multipv, game=object())
+             if i.get("pv")]
+    cps = [i["score"].relative.score(mate_score=MATE_SCORE) for i in infos]
+    best = max(cps)  # at a few hundred nodes the MultiPV lines are not always in score order
+    weights = [math.exp(max(-60.0, (c - best) / temperature_cp)) for c in cps]
+    return rng.choices([i["pv"][0] for i in infos], weights)[0], best
+
+
+def play_game(engine, rng):
+    """A game from the initial position, Stockfish at low strength playing both sides (game_style each): a few
+    plausible random opening plies for variety, then engine moves; it ends by the rules (mate, stalemate,
+    insufficient material, a claimable repetition or 50-move draw), by resignation (RESIGN_CP for RESIGN_PLIES;
+    half the games play on to the end), by an agreed draw in a long level game, or at MAX_PLIES.
+    -> (UCI moves, how it ended)."""
+    board, styles = chess.Board(), {chess.WHITE: game_style(rng), chess.BLACK: game_style(rng)}
+    resigns, lost, level = rng.random() < 0.5, 0, 0
+    for _ in range(rng.randint(0, 4)):
+        play(board, rng)
+    while True:
+        outcome = board.outcome(claim_draw=True)
+        if outcome:
+            return [m.uci() for m in board.move_stack], outcome.termination.name.lower()
+        if board.ply() >= MAX_PLIES:
+            return [m.uci() for m in board.move_stack], "max_plies"
+        style = styles[board.turn]
+        if rng.random() < style["blunder_rate"]:
+            play(board, rng)
+            continue
+        move, best_cp = engine_move(engine, board, rng, style["nodes"], style["temperature_cp"])
+        lost = lost + 1 if abs(best_cp) >= RESIGN_CP else 0
+        level = level + 1 if abs(best_cp) <= DRAW_CP and board.ply() >= DRAW_FROM else 0
+        if resigns and lost >= RESIGN_PLIES:
+            return [m.uci() for m in board.move_stack], "resignation"
+        if level >= DRAW_PLIES:
+            return [m.uci() for m in board.move_stack], "agreed_draw"
+        board.push(move)
+
+
+def game_transitions(moves):
+    """(fen, history, played move) before every move of a game from the initial position: history is the last
+    up to 9 half-moves that led to the position, so short at the start of a game, as in real data."""
+    board = chess.Board()
+    for move in moves:
+        yield board.fen(), [m.uci() for m in board.move_stack[-9:]], move
+        board.push_uci(move)
+
+
+def game_fens(moves):
+    """Every position of a game from the initial position, the last (after the final move) included."""
+    board = chess.Board()
+    yield board.fen()
+    for move in moves:
+        board.push_uci(move)
+        yield board.fen()
+
+
+def phase(board):
+    """opening (the first 16 plies), endgame (fewer than 14 pieces) or middlegame."""
+    return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
+
+
+HISTORY_BUCKETS = ((1, 2), (3, 5), (6, 10))  # A: history lengths, the move included (evaluate.py reports each)
+
+
+def history_bucket(n):
+    """'1-2', '3-5' or '6-10': the HISTORY_BUCKETS bucket of an A: history length (str(n) outside them)."""
+    return next((f"{lo}-{hi}" for lo, hi in HISTORY_BUCKETS if lo <= n <= hi), str(n))

@@ -60,7 +60,7 @@ SAMPLE_COLUMNS = ("step", "task", "prompt", "completion", "reward")  # the rows 
 
 
 def is_component(key):
-    """A reward component's per-task mean, <component>_P or <component>_A (train.reward_metrics)."""
+    """A reward component's per-task mean, <component>_P or <component>_A (rollout.reward_metrics)."""
     return key.endswith(tuple("_" + t for t in TASKS)) and not key.startswith(NOT_COMPONENTS)
 
 

@@ -1,65 +1,19 @@
 """
 Verifiable rewards for RookWorld completions: Stockfish labels for P:, python-chess for A:.
 
-Two tiers. Structure: a completion that does not parse (P: "M: <1-5 UCI moves> E: <as many numbers>
-B: <one move>"; A: four "+" fields, a FEN of 6 fields python-chess accepts, a number, two 0/1 flags) scores -0.3.
-Content: named components in [0, 1] combine into raw in [0, 1]; reward = 0.2 + 0.8 * raw, so a
-parseable completion scores 0.2 at least and a perfect one exactly 1.0.
-
-P: raw = 0.5 best + 0.3 candidates + 0.2 evals
-   best        1.0 for the best move, then by rank in the top 5 (0.5, 0.35, 0.25, 0.15), 0.05 for another
-               legal move, 0 for an illegal one
-   candidates  (named moves in the top 5 - 0.5 * named illegal moves) / size of the top 5, in [0, 1];
-               matched by move (M:/E: order carries no rank), repeats count once
-   evals       mean of 1 / (1 + |error in pawns|) over named moves in the top 5, both evals clipped to
-               +-10 pawns first so that a mate (+-999.x) cannot swamp it; 0 when none is in the top 5
-   The ranking is [sample.best] + the other labelled moves by eval. For shipped data best is Stockfish's
-   PV1. For a RookWorld text line it is the line's B: label (for Black the generator's weakest move, see
-   mini/formats.py), so that a line's own completion scores exactly 1.0 against its own labels.
-A: raw = 0.4 fen_exact + 0.2 fen_similarity + 0.2 reward_exact + 0.1 terminated_exact + 0.1 truncated_exact
-   fen_similarity is 1 - normalized Levenshtein distance.
-
-p_reward="engine" (EngineReward, ScoringPool(..., engine=engine_reward(cfg))) replaces best by a dense
-score on the win-probability scale (move_quality, shared with evaluate.py's move quality):
-   W(cp)  = 1 / (1 + exp(-0.00368208 cp)), Lichess's win% / 100 (50 + 50 (2 / (1 + exp(-k cp)) - 1));
-            cp clipped to +-1000 first (W in [0.025, 0.975]), a mate is exactly W = 1 (mating) or 0 (mated)
-   best   = min(1, W(move) / W(best)): the share of the best move's expected score the move keeps;
-            1 when W(best) = 0 (mated whatever is played); 0 for an illegal move
-   best_cp is the highest labelled eval; a labelled (top 5) move takes its labelled eval, any other legal
-   move Stockfish's eval after it (Annotator.evals_after, one thread, --engine_depth or --engine_nodes,
-   cached by FEN, move and limit); a move that mates is 1.0 without a search. Evals are side to move's
-   centipawns, labels' pawns * 100 (mate in n = +-(1000 - n/100) pawns -> +-(100000 - n) cp).
-   best_cp   move_cp   W(best)  W(move)  best   (1 - (W(best) - W(move)), not chosen)
-         0         0    0.500    0.500   1.000   1.000
-         0       -20    0.500    0.482   0.963   0.982   an equal move
-         0      -100    0.500    0.409   0.818   0.909   a pawn
-         0      -300    0.500    0.249   0.498   0.749   a piece
-         0      -900    0.500    0.035   0.070   0.535   the queen
-         0    mated     0.500    0        0       0.500
-       300         0    0.751    0.500   0.666   0.749
-       500       200    0.863    0.676   0.783   0.813
-      -300      -500    0.249    0.137   0.550   0.888
-      -300      -900    0.249    0.035   0.141   0.786
-    mating       500    1        0.863   0.863   0.863   a mate missed, still winning
-     -1500     -2000    0.025    0.025   1.000   1.000   beyond 10 pawns, more says little
-   Why the ratio: most positions are near equal (annotate.py screens out lopsided ones), and there
-   1 - dW keeps a queen blunder at 0.54, while the ratio puts it near 0 (0.07); within one group (one
-   position) any such score orders moves alike, so the choice sets the spacing, and the ratio spends its
-   range on moves that lose the game. Its cost: lenient when winning (+5 -> 0 keeps 0.58), sharp when
-   losing (-3 -> -5 keeps 0.55). Stockfish 15.1's evals are compact: at depth 10 a queen hung to a pawn
-   in eval-set positions scored -5.4 to -8.7 pawns, so 0.07 to 0.21; queen for a knight about 0.3. Labelled and searched evals come from different depths, hence the min(1, .).
-   An engine failure on a position (or an invalid one) keeps the labels' best, counted (engine_rejected).
-
-shaping="graduated" floors raw to quarters, so rewards are 0.2, 0.4, 0.6, 0.8 or 1.0 (-0.3 stays);
-the components keep the unquantised raw.
+A completion that does not parse scores -0.3; one that parses scores 0.2 + 0.8 * raw, raw in [0, 1] a
+weighted sum of named components (P: best move by rank, candidates, evals; A: next FEN exact and similar,
+reward, terminated, truncated). p_reward="engine" scores the best move on Lichess's win-probability scale
+with Stockfish judging moves outside the labels (move_quality); shaping="graduated" floors raw to quarters.
+The full specification, with its weights and a table of engine scores, is in the README.
 """
 import math
 import os
 import threading
 from dataclasses import dataclass, replace
 
-from mini.annotate import CP_CAP, MATE_CP, Annotator, cp_loss, find_stockfish
 from mini.formats import legal_ucis, parse_env, parse_policy
+from mini.stockfish import CP_CAP, MATE_CP, Annotator, cp_loss, find_stockfish
 
 INVALID = -0.3
 GRADUATED = (0.2, 0.4, 0.6, 0.8, 1.0)

@@ -1,8 +1,8 @@
 """
-A run directory, and what makes a run survive interruption and misuse: one process per run (a lock
-file), no run started over another by accident, the saved config taken back on resume, logs that are cut
-back on resume, and checkpoints that are written atomically, checked when read and loaded without
-running code (weights_only).
+A run directory, and everything that makes a run survive interruption and misuse: one process per run (a
+lock file), no run started over another by accident, checkpoints written atomically and loaded without
+running code, and resume: the saved settings taken back (saved_settings, resume_config), the trainer's state
+saved and loaded (Resumable), logs cut back to the resumed step, and the rollback of a non-finite step.
 
     logs/<run_name>/config.json    the settings of the run
                     train.log      the log lines
@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -27,13 +28,25 @@ import zipfile
 import torch
 from tqdm.auto import tqdm
 
-from mini.config import FIELDS, RESUMABLE, START_FLAGS, Config
+from mini import distributed
+from mini.config import FIELDS, START_FLAGS, Config
+from mini.runtime import rng_state, set_rng_state
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # JSONL logs with a "step" per row, cut back on resume
+# flags a resumed run may change (applied and logged); every other flag defines the run and must match its config.json
+RESUMABLE = frozenset({
+    "steps", "time_limit_min", "eval_every", "eval_n", "eval_chess", "log_samples", "save_every", "keep_last",
+    "kl_threshold", "device", "score_workers", "micro_batch_size", "grad_checkpointing", "compile", "compile_decode",
+    "stockfish_path", "engine_cache", "report_to", "annotate_workers", "memory_fraction", "log_dir", "run_name"})
+MAX_RECOVERIES = 3  # rollbacks of non-finite steps in a row before the run stops
 
 
 class RunError(Exception):
     """A run cannot start or go on; the message says why and what to do."""
+
+
+class StopRun(Exception):
+    """Ends the run cleanly with a message (the state is saved first)."""
 
 
 def disk_full(path, need_bytes):
@@ -125,6 +138,27 @@ def read_rows(path):
                 raise ValueError(f"{path}:{i}: not a JSON row; the log is damaged") from None
             print(f"{path}:{i}: skipping the last line, cut off", file=sys.stderr)
     return rows
+
+
+def given_flags(argv):
+    """Names of the Config fields set on the command line (--name, --no_name, --name=value)."""
+    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    return {n[3:] if n.startswith("no_") and n[3:] in FIELDS else n for n in names} & set(FIELDS)
+
+
+def saved_settings(cfg):
+    """(the settings a resume continues with, where they come from), or (None, None) for a new run: the
+    checkpoint's for --resume_from_checkpoint, the run's config.json for --auto_resume and --recovery_mode."""
+    if cfg.resume_from_checkpoint:
+        try:
+            saved = checkpoint_settings(cfg.resume_from_checkpoint)
+        except ValueError as e:
+            raise RunError(f"--resume_from_checkpoint: {e}") from None
+        return saved, "--resume_from_checkpoint continues the run with the checkpoint's settings"
+    if cfg.auto_resume or cfg.recovery_mode:
+        mode = "--auto_resume" if cfg.auto_resume else "--recovery_mode"
+        return RunDir(cfg.log_dir, cfg.run_name).saved_config(), f"{mode} continues the run with its own config.json"
+    return None, None
 
 
 def resume_config(cfg, given, saved, source):
@@ -339,3 +373,158 @@ class RunDir:
             raise RunError(f"every checkpoint of {self.path} is damaged ({', '.join(sorted(damaged))}); nothing to "
                            "resume from. Start afresh with --overwrite (the old run is moved aside)")
         return best
+
+
+class StopSignals:
+    """Within `with`: the first SIGINT or SIGTERM is noted in `name` (the run stops after its step, with a
+    checkpoint) and announced; a second one quits at once (KeyboardInterrupt), which never damages a checkpoint
+    (they are written to .tmp and renamed). The handlers in place before come back on exit, also in a test process."""
+
+    def __init__(self, announce):
+        self.name, self.announce, self.before = None, announce, {}
+
+    def __enter__(self):
+        self.before = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum, frame):
+        if self.name:
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        self.announce(self.name)
+
+
+class Resumable:
+    """The trainer's side of its run directory (a mixin of train.Trainer, whose state it reads): rank 0's writes
+    that the other ranks wait for, checkpoints of the whole state, resume, the rollback of a bad step, and the
+    stop on a signal."""
+
+    def on_main(self, work):
+        """work() on rank 0 (the whole of it on a single process); the other ranks wait, and stop if it fails."""
+        failed = None
+        if self.main:
+            try:
+                work()
+            except BaseException as e:
+                failed = e
+        if self.world > 1:
+            why = distributed.from_main(None if failed is None else f"{type(failed).__name__}: {failed}")
+            if why is not None and not self.main:
+                raise StopRun(f"stopped with rank 0 ({why})")
+        if failed is not None:
+            raise failed
+
+    def rank_state(self):
+        """What differs between torchrun ranks: the RNGs, the prompt source, the replay buffer, the games."""
+        return {"sampler": self.source.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+                "selfplay": self.selfplay.state_dict() if self.selfplay is not None else None, "rng": rng_state()}
+
+    def load_rank_state(self, s):
+        self.source.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
+        self.buffer.items, buffer_rng = s["buffer"]
+        self.buffer.rng.setstate(buffer_rng)
+        if self.selfplay is not None:
+            self.selfplay.load_state_dict(s["selfplay"])
+        set_rng_state(s["rng"])
+
+    def state(self):
+        """The checkpoint: the shared state and rank 0's own at the top level (a single process's checkpoint),
+        and under torchrun every rank's own in "ranks". Every rank must call it (it gathers)."""
+        ranks = distributed.gather(self.rank_state())
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": {"lr_scale": self.lr_scale},
+                "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+                "kl_ctl": self.kl_ctl.state_dict(), "baseline": self.baseline.state_dict(),
+                **ranks[0], **({"ranks": ranks} if self.world > 1 else {}),
+                "step": self.step, "best_eval": self.best_eval, "best_reward": self.best_reward,
+                "run_name": self.run_dir.name, "config": dataclasses.asdict(self.cfg)}
+
+    def load_state(self, s):
+        world = len(s.get("ranks", [s]))
+        if world != self.world:
+            raise StopRun(f"error: the checkpoint was written by {world} process(es) and this run has {self.world}; "
+                          f"resume it with the same number (torchrun --nproc_per_node {world}, or plain python for 1)")
+        self.model.load_state_dict(s["model"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.lr_scale = s["scheduler"]["lr_scale"]
+        if self.value_head is not None:
+            self.value_head.load_state_dict(s["value_head"])
+        self.kl_ctl.load_state_dict(s["kl_ctl"])
+        self.baseline.load_state_dict(s["baseline"])
+        self.load_rank_state(s["ranks"][self.rank] if self.world > 1 else s)
+        self.step, self.best_eval, self.best_reward = s["step"], s["best_eval"], s["best_reward"]
+
+    def save(self, name):
+        state = self.state()
+        self.on_main(lambda: self.run_dir.save(name, state))
+
+    def save_regular(self):
+        state = self.state()
+        self.on_main(lambda: self.run_dir.save_regular(state, self.cfg.keep_last))
+
+    def resume(self):
+        """Pick up a checkpoint if asked to (one written under other settings is refused); what the run did after
+        its step is cut back."""
+        cfg, path = self.cfg, None
+        if cfg.resume_from_checkpoint:
+            try:
+                path, state = cfg.resume_from_checkpoint, load_checkpoint(cfg.resume_from_checkpoint)
+            except (ValueError, FileNotFoundError) as e:
+                raise StopRun(f"error: --resume_from_checkpoint: {e}") from None
+        elif cfg.recovery_mode:
+            path = self.run_dir.checkpoint("recovery.pt")
+            if not os.path.exists(path):
+                raise StopRun(f"--recovery_mode: {path} does not exist; run without it or with --auto_resume")
+            try:
+                state = load_checkpoint(path)
+            except ValueError as e:
+                raise StopRun(f"error: --recovery_mode: {e}; continue from the last good checkpoint with "
+                              "--auto_resume") from None
+        elif cfg.auto_resume:  # rank 0 picks the checkpoint, the others load the same file
+            found = self.run_dir.latest_valid_checkpoint() if self.main else None
+            path = distributed.from_main(found[0] if found else None)
+            if path is not None:
+                state = found[1] if self.main else load_checkpoint(path)
+        if path is None:
+            return
+        resume_config(cfg, FIELDS, state["config"], f"{path} was written by a run with other settings")
+        self.load_state(state)
+        self.on_main(lambda: self.run_dir.cut_back(self.step))
+        self.log(f"Resumed from {path} at step {self.step}")
+
+    def recover(self, reason):
+        """Roll back to the recovery checkpoint with the LR halved; keep the bad state for debugging."""
+        self.recoveries += 1
+        debug = f"debug_step_{self.step:06d}.pt"
+        self.save(debug)
+        if self.recoveries > MAX_RECOVERIES:
+            raise StopRun(f"{reason} at step {self.step} again after {MAX_RECOVERIES} recoveries; stopping. "
+                          f"The bad state is in {self.run_dir.checkpoint(debug)}; try a lower --lr")
+        lr_scale = self.lr_scale * 0.5
+        try:
+            state = load_checkpoint(self.run_dir.checkpoint("recovery.pt"))
+        except ValueError as e:
+            raise StopRun(f"error: {reason} at step {self.step}, and the rollback failed: {e}; continue from the last "
+                          "good checkpoint with --auto_resume") from None
+        self.load_state(state)
+        self.lr_scale = lr_scale
+        self.on_main(lambda: self.run_dir.cut_back(self.step))
+        self.log(f"{reason}: rolled back to step {self.step}, lr scale now {self.lr_scale} "
+                 f"(recovery {self.recoveries}/{MAX_RECOVERIES})")
+
+    def announce_stop(self, name):
+        if self.main:
+            print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
+                  file=sys.stderr, flush=True)
+
+    def stop_for_signal(self, name):
+        """After the step a signal interrupted (`name`; None when it reached another rank): a checkpoint, then StopRun."""
+        self.log(f"{name or 'a signal to another rank'}: saving checkpoint at step {self.step}...")
+        self.save_regular()
+        launch = f"torchrun --nproc_per_node {self.world}" if self.world > 1 else "python"
+        raise StopRun(f"saved; resume with: {launch} mini/train.py --log_dir {self.cfg.log_dir} "
+                      f"--run_name {self.run_dir.name} --auto_resume")

@@ -1,11 +1,12 @@
 """
-The run-time plumbing that every script shares: device, bf16 autocast, the LR schedule, seeding
-and the random-number state that checkpoints carry.
+The run-time plumbing that every script shares: device, bf16 autocast, the LR schedule, seeding, the
+random-number state that checkpoints carry, and the seconds of a step's phases.
 """
 import contextlib
 import math
 import random
 import resource
+import time
 
 import numpy as np
 import torch
@@ -62,3 +63,21 @@ def peak_memory_mb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class PhaseTimer:
+    """Seconds per named phase of a step, summed over its repeats (CUDA work is waited for at the end of each phase)."""
+
+    def __init__(self, cuda):
+        self.cuda, self.times, self.t0 = cuda, {}, time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        t = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t  # phases may repeat (dynamic sampling)
+
+    def seconds(self):
+        return {**{f"time_{k}": v for k, v in self.times.items()}, "time_step": time.perf_counter() - self.t0}

@@ -1,39 +1,11 @@
-"""
-On-policy training positions (--data_source selfplay): games the current policy plays against itself,
-each position it meets labelled by Stockfish in the background, mixed with the shipped pool.
+"""On-policy training positions (--data_source selfplay): the current policy plays games against itself
+(mini/games.py), Stockfish labels each position it meets in the background, and draws mix them with the pool:
+P: samples of the positions, A: samples of every UCI move it tried. Labels become drawable at the next refresh,
+never "whenever Stockfish is done", so a resumed run repeats exactly. Details and costs: the README.
 
-    pool = TaskSampler(load_jsonl(POOL_PATH), env_ratio=0.2, seed=0)
-    source = SelfPlaySource(tok, pool, games=16, plies=8, mix=0.5, depth=10, workers=2, seed=0)
-    for step in range(steps):
-        if step % refresh == 0:
-            source.refresh(model)          # plays 8 half-moves of 16 games on the model's device
-        samples = source.draw(8)           # P: and A: Samples; pool ones with probability 1 - mix
-    source.close()
-
-Games: `games` boards advance together through chess_eval's self-play (model_player sampling at
-`temperature`/`top_k`, one batched call per half-move, chess_eval.policy_turn's rules: a game ends by the
-rules, at an illegal or unparseable move, or after max_plies half-moves) and are restarted from
-chess_eval.game_start in turn when they end. Each refresh plays `plies` half-moves with the weights of
-that moment, so the cost of a refresh is fixed whatever the game lengths.
-
-Positions: every position the policy was asked to move in becomes a P: sample once Stockfish has
-labelled it (annotate.Annotator, MultiPV 5 at `depth`, `workers` engine processes, its append-only JSONL
-cache keyed by FEN and limit: a resumed or repeated run searches nothing twice). Every UCI move the
-policy tried, legal or not, becomes an A: sample (formats.env_sample of fen, move, history). Both are
-kept in windows of the last `capacity` distinct entries (position_key; (position_key, move) for moves),
-so an opening that every game passes through weighs as much as any other position. Held-out positions
-(eval.jsonl, mate_in_one.jsonl, `exclude`) never enter, nor A: transitions that lead to one.
-
-Determinism (exact resume): a refresh's positions are searched in a background thread while training
-goes on and become drawable at the next refresh (or at the first draw that finds no labelled position,
-which then waits), never "whenever Stockfish is done"; the player of refresh r is seeded by (seed, r).
-state_dict() holds games, windows, positions waiting for labels and the RNG, in plain types; the pool
-sampler's RNG is the caller's to save (train.py saves it already).
-
-Cost (2 busy CPU cores): Stockfish depth 10 MultiPV 5 takes ~0.2 s a position on one worker, ~12 ms of it
-Python in this process (python-chess reading the engine), so a refresh of 16 games x 8 half-moves (<= 128
-new positions) needs ~26 engine-seconds, hidden behind training when refresh * step time exceeds
-26 s / workers. Threads suffice to drive the engines: the search runs in the engines' own processes.
+    source = SelfPlaySource(tok, PoolSource(load_jsonl(POOL_PATH), env_ratio=0.2, seed=0), games=16, plies=8)
+    source.refresh(model)    # every refresh steps: 8 half-moves of 16 games
+    samples = source.draw(8)
 """
 import random
 import time
@@ -41,10 +13,10 @@ from collections import OrderedDict
 
 import chess
 
-from mini.annotate import DEFAULT_CACHE, Annotator
-from mini.chess_eval import game_start, half_move, model_player, opening_board
 from mini.dataset import held_out_keys
 from mini.formats import env_sample, policy_sample, position_key
+from mini.games import game_start, half_move, model_player, opening_board
+from mini.stockfish import DEFAULT_CACHE, Annotator
 
 
 class SelfPlaySource:

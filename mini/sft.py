@@ -29,7 +29,6 @@ logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 import dataclasses
 import json
 import random
-import signal
 import sys
 import time
 
@@ -37,12 +36,12 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import parse_args
-from mini.dataset import ReplayBuffer, make_sampler
+from mini.dataset import ReplayBuffer, make_source
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.report import make_reporter
-from mini.runs import RunDir, RunError
+from mini.runs import RunDir, RunError, StopSignals
 from mini.runtime import autocast, lr_factor, resolve_device
 from mini.tokenizer import Tokenizer
 
@@ -51,18 +50,18 @@ FULL_SOFTMAX_SHARE = 1 / 8  # positions per batch whose loss gets the full-vocab
 
 
 class SFTData:
-    """Endless training samples of the configured mix, none on a held-out position (the sampler draws
+    """Endless training samples of the configured mix, none on a held-out position (the source draws
     none, the replay buffer takes none)."""
 
     def __init__(self, cfg):
         self.buffer = ReplayBuffer(seed=cfg.seed)  # A: positions beyond the pool
-        self.sampler = make_sampler(cfg, self.buffer)  # leaves held-out positions out
+        self.source = make_source(cfg, self.buffer)  # leaves held-out positions out
         self.positions = iter_positions(cfg.seed)
 
     def batch(self, n):
         fen, history, _ = next(self.positions)  # one fresh generated position per batch (~10 ms)
         self.buffer.add(fen, history)
-        out = self.sampler.draw(n)
+        out = self.source.draw(n)
         for s in out:
             self.buffer.add_next(s)  # walks games on, so A: positions keep changing
         return out
@@ -144,61 +143,54 @@ def train_sft(cfg, run):
     log_file.write(f"config {json.dumps(dataclasses.asdict(cfg))}\n")  # the full settings, for the record
     log(f"SFT of {model.num_params() / 1e6:.1f}M params on {device}: {cfg.steps} steps of {cfg.batch_size}, "
         f"A: share {cfg.mix_env_ratio}" + (f", time limit {cfg.time_limit_min} min" if cfg.time_limit_min > 0 else ""))
-    stop = []
 
-    def on_signal(signum, frame):  # finish the step, save the snapshot, exit; a second Ctrl-C quits at once
-        name = signal.Signals(signum).name
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(name)
+    def announce(name):  # finish the step, save the snapshot, exit; a second Ctrl-C quits at once
         print(f"\n{name}: finishing step {step + 1}, then saving the snapshot (again to quit at once)",
               file=sys.stderr, flush=True)
 
-    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     limit_s = 60 * cfg.time_limit_min
     t0 = t_log = time.time()
     step, loss_sum, tokens = 0, 0.0, 0
     bar = tqdm(total=cfg.steps, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
-    try:
-        while step < cfg.steps and not stop:
-            elapsed = time.time() - t0
-            if limit_s > 0 and elapsed > limit_s:
-                log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
-                break
-            # the schedule advances with whichever budget (steps or time) runs out first
-            progress = max(step, int(cfg.steps * elapsed / limit_s)) if limit_s > 0 else step
-            lr = cfg.lr * lr_factor(min(progress, cfg.steps - 1), cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, mask, y, loss_mask = encode_batch(data.batch(cfg.batch_size), tok, device)
-            with autocast(device, cfg):
-                loss = sft_loss(model, x, mask, y, loss_mask)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            step += 1
-            loss_sum, tokens = loss_sum + loss.item(), tokens + int(mask.sum())
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % LOG_EVERY == 0 or step == cfg.steps:
-                now, mean_loss = time.time(), loss_sum / ((step - 1) % LOG_EVERY + 1)
-                log(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | "
-                    f"{tokens / (now - t_log):.0f} tok/s | {now - t0:.0f} s")
-                reporter.log(step, {"loss": mean_loss, "lr": lr, "tokens_per_s": tokens / (now - t_log)})
-                t_log, loss_sum, tokens = now, 0.0, 0
-    except KeyboardInterrupt:
-        log(f"quit at step {step} without saving")
-        return 130
-    finally:
-        bar.close()
-        reporter.close()
-        data.sampler.close()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
-    if stop:
-        log(f"{stop[0]}: saving the snapshot at step {step}...")
+    with StopSignals(announce) as stop:
+        try:
+            while step < cfg.steps and not stop.name:
+                elapsed = time.time() - t0
+                if limit_s > 0 and elapsed > limit_s:
+                    log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
+                    break
+                # the schedule advances with whichever budget (steps or time) runs out first
+                progress = max(step, int(cfg.steps * elapsed / limit_s)) if limit_s > 0 else step
+                lr = cfg.lr * lr_factor(min(progress, cfg.steps - 1), cfg)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                x, mask, y, loss_mask = encode_batch(data.batch(cfg.batch_size), tok, device)
+                with autocast(device, cfg):
+                    loss = sft_loss(model, x, mask, y, loss_mask)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                step += 1
+                loss_sum, tokens = loss_sum + loss.item(), tokens + int(mask.sum())
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+                if step % LOG_EVERY == 0 or step == cfg.steps:
+                    now, mean_loss = time.time(), loss_sum / ((step - 1) % LOG_EVERY + 1)
+                    log(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | "
+                        f"{tokens / (now - t_log):.0f} tok/s | {now - t0:.0f} s")
+                    reporter.log(step, {"loss": mean_loss, "lr": lr, "tokens_per_s": tokens / (now - t_log)})
+                    t_log, loss_sum, tokens = now, 0.0, 0
+        except KeyboardInterrupt:
+            log(f"quit at step {step} without saving")
+            return 130
+        finally:
+            bar.close()
+            reporter.close()
+            data.source.close()
+    if stop.name:
+        log(f"{stop.name}: saving the snapshot at step {step}...")
     final = save_model(model, tok, run.file("final"))
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {final}")
     log_file.close()

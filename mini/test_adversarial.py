@@ -11,7 +11,7 @@ A: sample: A_LINES[0], next FEN F, reward 0.001, not terminated, not truncated.
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mini.chess_eval import policy_move
+from mini.games import policy_move
 from mini.formats import env_sample, parse_env, parse_line
 from mini.reward_scorer import score
 from mini.test_formats import A_LINES, P_LINES
@@ -137,7 +137,8 @@ def test_a_bare_board_is_not_a_fen():
 
 
 def test_policy_move_is_the_first_word_after_the_last_b():
-    """chess_eval reads a move without the format: the first word after the last 'B:', if it is UCI."""
+    """games.policy_move (the chess suite's games) reads a move without the format: the first word after the
+    last 'B:', if it is UCI."""
     assert policy_move(REF_P + " B: b3b7 and more") == "b3b7"
     assert policy_move(" M: junk B: b3b5q!") is None and policy_move("b3b5") is None
     assert policy_move(" B:e2e4") == "e2e4"

@@ -7,9 +7,10 @@ import chess
 import chess.engine
 import pytest
 
-from mini.annotate import Annotator, append_jsonl, cp_loss, find_stockfish, main, read_jsonl
+from mini.annotate import main
 from mini.dataset import load_jsonl
 from mini.formats import position_key
+from mini.stockfish import Annotator, append_jsonl, cp_loss, find_stockfish, read_jsonl
 
 try:
     STOCKFISH = find_stockfish()

@@ -14,7 +14,7 @@ import chess
 import pytest
 
 import mini.runs as runs
-from mini.annotate import ENGINE_NAMES, Annotator, append_jsonl
+from mini.stockfish import ENGINE_NAMES, Annotator, append_jsonl
 from mini.reward_scorer import EngineReward, close_engines
 from mini.selfplay import SelfPlaySource
 from mini.test_selfplay import STOCKFISH, needs_stockfish

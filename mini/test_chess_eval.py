@@ -14,11 +14,13 @@ import pytest
 import torch
 
 import mini.chess_eval as ce
-from mini.annotate import Annotator, find_stockfish
-from mini.config import EVAL_PATH, POOL_PATH
+from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
 from mini.formats import env_completion, position_key
+from mini.games import (OPENINGS, eval_mates, game_starts, load_mates, mate_values, opening_board, policy_move,
+                        quick_metrics, self_play, selfplay_summary, selfplay_values)
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.stockfish import Annotator, find_stockfish
 from mini.tokenizer import Tokenizer
 
 try:
@@ -62,29 +64,29 @@ def test_hand_made_mates_are_right():
 
 def test_mate_in_one_scores():
     mates = {r["fen"]: r["mates"] for r in MATES}
-    vals, _ = ce.eval_mates(answering(lambda b: mates[b.fen()][0]), MATES)
+    vals, _ = eval_mates(answering(lambda b: mates[b.fen()][0]), MATES)
     assert vals == {"chess_mate_acc": [1.0, 1.0], "chess_mate_invalid": [0.0, 0.0], "chess_mate_illegal": [0.0, 0.0]}
     non_mating = lambda b: next(m.uci() for m in b.legal_moves if m.uci() not in mates[b.fen()])
-    assert ce.eval_mates(answering(non_mating), MATES)[0]["chess_mate_acc"] == [0.0, 0.0]
+    assert eval_mates(answering(non_mating), MATES)[0]["chess_mate_acc"] == [0.0, 0.0]
     # an illegal move, and a completion without a B: move
-    vals = ce.mate_values(MATES, [" M: a1a8 E: 1.0 B: a1h8", " M: c1c8 E: 999.99"])
+    vals = mate_values(MATES, [" M: a1a8 E: 1.0 B: a1h8", " M: c1c8 E: 999.99"])
     assert vals == {"chess_mate_acc": [0.0, 0.0], "chess_mate_invalid": [0.0, 1.0], "chess_mate_illegal": [1.0, 0.0]}
 
 
 def test_policy_move_is_the_word_after_the_last_b():
-    assert ce.policy_move(" M: e2e4 E: 0.3 B: e2e4") == "e2e4"
-    assert ce.policy_move("garbage B: e7e8q trailing") == "e7e8q"  # M:/E: need not parse
-    assert ce.policy_move(" M: e2e4 E: 0.3 B: Nf3") is None and ce.policy_move("B:") is None and ce.policy_move("") is None
+    assert policy_move(" M: e2e4 E: 0.3 B: e2e4") == "e2e4"
+    assert policy_move("garbage B: e7e8q trailing") == "e7e8q"  # M:/E: need not parse
+    assert policy_move(" M: e2e4 E: 0.3 B: Nf3") is None and policy_move("B:") is None and policy_move("") is None
 
 
 def test_selfplay_illegal_move_at_half_move_7_leaves_6():
     def move_of(board):
         return "e1e8" if board.ply() == 6 else first_legal(board)  # ply() counts from the initial position
-    games = ce.self_play(answering(move_of), ["initial", "initial"], max_plies=200)
+    games = self_play(answering(move_of), ["initial", "initial"], max_plies=200)
     for g in games:
         assert g["plies"] == 6 and g["end"] == "illegal" and len(g["transitions"]) == 7
         assert g["transitions"][-1][1] == "e1e8" and g["transitions"][-1][2][-1] == "e1e8"
-    assert ce.selfplay_values(games) == {"chess_selfplay_plies": [6.0, 6.0], "chess_selfplay_legal_end": [0.0, 0.0]}
+    assert selfplay_values(games) == {"chess_selfplay_plies": [6.0, 6.0], "chess_selfplay_legal_end": [0.0, 0.0]}
 
 
 def test_selfplay_ends_and_summary():
@@ -94,30 +96,30 @@ def test_selfplay_ends_and_summary():
         calls.append(len(prompts))
         return answering(lambda b: "zzz" if b.fen() == chess.STARTING_FEN else first_legal(b))(prompts)
     starts = ["initial", "ruy_lopez", "initial", "french"]
-    games = ce.self_play(player, starts, max_plies=5)
+    games = self_play(player, starts, max_plies=5)
     assert [g["end"] for g in games] == ["unparseable", "max_plies", "unparseable", "max_plies"]
     assert [g["plies"] for g in games] == [0, 5, 0, 5]
     assert calls == [4, 2, 2, 2, 2]  # one batched call per half-move for all live games
-    assert games[1]["moves"][:6] == ce.OPENINGS["ruy_lopez"].split()
-    summary = ce.selfplay_summary(games)
+    assert games[1]["moves"][:6] == OPENINGS["ruy_lopez"].split()
+    summary = selfplay_summary(games)
     assert summary == {"chess_selfplay_plies_median": 2.5, "chess_selfplay_end_max_plies": 0.5,
                        "chess_selfplay_end_unparseable": 0.5}
     assert ce.plies_histogram([0, 5, 9, 10, 37]) == {"0-9": 3, "10-19": 1, "30-39": 1}
-    assert ce.game_starts(4) == ["initial", "ruy_lopez", "initial", "sicilian_najdorf"]
+    assert game_starts(4) == ["initial", "ruy_lopez", "initial", "sicilian_najdorf"]
 
 
 def test_selfplay_reaches_checkmate():
     # fool's mate scripted: f3 e5 g4 Qh4#
     line = {0: "f2f3", 1: "e7e5", 2: "g2g4", 3: "d8h4"}
-    games = ce.self_play(answering(lambda b: line[b.ply()]), ["initial"])
+    games = self_play(answering(lambda b: line[b.ply()]), ["initial"])
     assert games[0]["end"] == "checkmate" and games[0]["plies"] == 4
-    assert ce.selfplay_values(games)["chess_selfplay_legal_end"] == [1.0]
+    assert selfplay_values(games)["chess_selfplay_legal_end"] == [1.0]
 
 
 def test_perfect_arbiter_agrees_everywhere():
     def move_of(board):  # legal play with an illegal move at ply 9 and a mate-giving position reached via the opening
         return "a1a5" if board.ply() == 9 else first_legal(board)
-    games = ce.self_play(answering(move_of), ["initial", "italian"], max_plies=40)
+    games = self_play(answering(move_of), ["initial", "italian"], max_plies=40)
     vals, transitions = ce.eval_arbiter(perfect_arbiter, games)
     assert len(transitions) == sum(len(g["transitions"]) for g in games) > 10
     assert all(v == [1.0] * len(transitions) for v in vals.values())
@@ -163,10 +165,10 @@ def test_stockfish_games_repeat_from_the_openings():
     games = play()
     assert [(g["start"], g["white"]) for g in games] == [("initial", True), ("initial", False),
                                                           ("ruy_lopez", True), ("ruy_lopez", False)]
-    board = ce.opening_board("ruy_lopez")
+    board = opening_board("ruy_lopez")
     for uci in games[2]["moves"]:
         board.push_uci(uci)  # legal from the opening's position
-    assert games[2]["moves"][0] == first_legal(ce.opening_board("ruy_lopez"))
+    assert games[2]["moves"][0] == first_legal(opening_board("ruy_lopez"))
     assert [g["plies"] for g in games] == [6, 6, 6, 6] and {g["end"] for g in games} == {"max_plies"}
     assert [g["moves"] for g in play()] == [g["moves"] for g in games]
 
@@ -187,7 +189,7 @@ def test_compare_pairs_stockfish_games_only_when_deterministic(tmp_path):
 
 def test_shipped_mate_file_rechecked():
     """Independent of build_mates: every listed move mates (push and look), every other legal move does not."""
-    with open(ce.MATE_PATH) as f:
+    with open(MATE_PATH) as f:
         header, *records = [json.loads(line) for line in f]
     assert "command" in header["meta"] and len(records) >= 1000
     shipped = set()
@@ -283,12 +285,12 @@ def test_load_mates_refuses_a_file_without_mates(tmp_path):
     """Another .jsonl of positions (the eval set) and a file with its header only: one sentence each, not a
     KeyError or NaN metrics."""
     with pytest.raises(ValueError, match="is not a mate-in-one file: position .* has no 'mates' list"):
-        ce.load_mates(EVAL_PATH, 2)
+        load_mates(EVAL_PATH, 2)
     header_only = tmp_path / "mates.jsonl"
     header_only.write_text('{"meta": {"n": 0}}\n')
     with pytest.raises(ValueError, match=f"{header_only} holds no mate-in-one position; regenerate it"):
-        ce.load_mates(str(header_only))
-    assert ce.load_mates(n=2) == [json.loads(line) for line in open(ce.MATE_PATH).readlines()[1:3]]
+        load_mates(str(header_only))
+    assert load_mates(n=2) == [json.loads(line) for line in open(MATE_PATH).readlines()[1:3]]
 
 
 def test_compare_leaves_out_what_has_no_values(tmp_path):
@@ -317,7 +319,7 @@ def test_compare_names_a_file_that_is_not_a_report(tmp_path):
 
 def test_quick_metrics_on_tiny_model(tiny):
     model, tok = load_model(tiny)
-    m = ce.quick_metrics(model, tok, n_mates=4, n_games=2, max_plies=2, max_new_tokens=8)
+    m = quick_metrics(model, tok, n_mates=4, n_games=2, max_plies=2, max_new_tokens=8)
     assert {"chess_mate_acc", "chess_mate_invalid", "chess_selfplay_plies", "chess_selfplay_legal_end"} <= set(m)
     assert all(isinstance(v, float) for v in m.values())
 

@@ -15,11 +15,14 @@ import mini.bench as bench
 import mini.evaluate as evaluate
 import mini.sft as sft
 import mini.train as train
-from mini.config import Config, given_flags, parse_args
+from mini.config import Config, parse_args
 from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 
 BAD = [
+    (["--lr", "-1e-5"], "--lr -1e-05 must be above 0"),  # a negative number is a value, not a flag
+    (["--model_path", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),  # before loading
+    (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt does not exist"),
     (["--k_samples", "1"], "--k_samples 1 must be at least 2"),
     (["--k_samples", "0"], "--k_samples 0 must be at least 2"),
     (["--batch_size", "0"], "--batch_size 0 must be at least 1"),
@@ -81,6 +84,14 @@ def help_text(capsys, fn, argv=()):
     return capsys.readouterr().out
 
 
+def test_help_is_grouped_by_topic(capsys):
+    text = help_text(capsys, train.main)
+    topics = ["model and run:", "sampling:", "tasks and data:", "the GRPO objective:", "optimisation:",
+              "evaluation, logs and checkpoints:"]
+    assert sorted(topics, key=text.index) == topics and "a model made from scratch:" not in text  # sft.py's only
+    assert text.index("--lr ") > text.index("optimisation:") > text.index("--clip_eps_low")
+
+
 def test_help_shows_every_default_and_only_the_script_flags(capsys):
     for fn, argv in ((train.main, ()), (sft.main, ()), (evaluate.main, ()), (bench.main, ("scoring",))):
         text = help_text(capsys, fn, argv)
@@ -92,10 +103,6 @@ def test_help_shows_every_default_and_only_the_script_flags(capsys):
     assert not any(f in text for f in ("--k_samples", "--clip_eps_low", "--kl_coef", "--kl_type"))
     assert "\n  --n_layer" not in help_text(capsys, train.main)
     assert "--bf16, --no_bf16" in text
-
-
-def test_given_flags():
-    assert given_flags(["--steps", "3", "--no_bf16", "--lr=1e-4", "--run_name", "--x"]) == {"steps", "bf16", "lr", "run_name"}
 
 
 # ----------------------------------------------------------------------------- fuzz

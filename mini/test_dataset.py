@@ -12,12 +12,12 @@ from contextlib import closing
 import chess
 import pytest
 
-from mini.annotate import Annotator
 from mini.config import EVAL_PATH, POOL_PATH, Config
-from mini.dataset import (MAX_BAD_LINES, ReplayBuffer, StreamSampler, TaskSampler, held_out_keys, load_jsonl,
-                          load_text, make_sampler)
+from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
+                          load_text, make_source)
 from mini.formats import env_completion, env_sample, legal_ucis, parse_line, policy_sample, position_key
 from mini.positions import generate_positions, iter_positions, random_env_sample
+from mini.stockfish import Annotator
 from mini.test_annotate import needs_stockfish
 from mini.test_formats import A_LINES, P_LINES, PINNED, START
 
@@ -69,7 +69,7 @@ def test_data_file_may_be_annotated_jsonl(tmp_path):
     path = tmp_path / "positions.jsonl"
     with open(POOL_PATH) as src:
         path.write_text("".join(src.readlines()[:4]))  # the header and three positions
-    samples = make_sampler(Config(data_source="file", data_file=str(path))).policy
+    samples = make_source(Config(data_source="file", data_file=str(path))).policy
     assert [s.prompt for s in samples] == [s.prompt for s in load_jsonl(POOL_PATH)[:3]]
 
 
@@ -77,10 +77,10 @@ def test_a_data_file_never_yields_a_held_out_position(tmp_path):
     path = tmp_path / "positions.jsonl"
     with open(POOL_PATH) as pool, open(EVAL_PATH) as held_out:
         path.write_text("".join(pool.readlines()[1:3] + held_out.readlines()[1:3]))
-    assert make_sampler(Config(data_source="file", data_file=str(path))).policy == load_jsonl(POOL_PATH)[:2]
+    assert make_source(Config(data_source="file", data_file=str(path))).policy == load_jsonl(POOL_PATH)[:2]
     path.write_text("".join(open(EVAL_PATH).readlines()[1:3]))
     with pytest.raises(ValueError, match="every position in it is a held-out"):
-        make_sampler(Config(data_source="file", data_file=str(path)))
+        make_source(Config(data_source="file", data_file=str(path)))
 
 
 def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_path):
@@ -90,7 +90,7 @@ def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_p
     pool = load_jsonl(POOL_PATH)[0]
     path = tmp_path / "lines.txt"
     path.write_text("".join(s.prompt + s.completion + "\n" for s in (same, pool)))
-    assert [s.fen for s in make_sampler(Config(data_source="file", data_file=str(path))).policy] == [pool.fen]
+    assert [s.fen for s in make_source(Config(data_source="file", data_file=str(path))).policy] == [pool.fen]
 
 
 def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
@@ -186,7 +186,7 @@ def test_no_training_prompt_shows_a_held_out_position():
     buf.add("1rbqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R w KQk - 2 5")
     buf.add_next(env_sample(fen, "a8b8", ["a8b8"]))  # train.py adds every drawn sample's next position
     assert len(buf) == 0
-    draws = TaskSampler([policy_sample(fen, ["a8b8"], [0.0])], env_ratio=1.0, seed=0, buffer=buf).draw(300)
+    draws = PoolSource([policy_sample(fen, ["a8b8"], [0.0])], env_ratio=1.0, seed=0, buffer=buf).draw(300)
     assert len(draws) == 300 and "a8b8" not in {s.move for s in draws}
 
 
@@ -203,13 +203,13 @@ def test_shipped_pool_and_eval():
     assert meta["stockfish"].startswith("Stockfish") and meta["multipv"] == 5 and meta["limit"]
 
 
-def test_task_sampler_mix():
+def test_pool_source_mix():
     pool = load_jsonl(POOL_PATH)
 
     def draw():
         buf = ReplayBuffer(seed=0)
         buf.add(START, [])
-        return TaskSampler(pool, env_ratio=0.25, seed=0, buffer=buf).draw(400)
+        return PoolSource(pool, env_ratio=0.25, seed=0, buffer=buf).draw(400)
 
     draws = draw()
     assert sum(s.task == "A" for s in draws) == 100  # seed 0: 25% A: tasks for a ratio of 0.25
@@ -221,13 +221,13 @@ def test_task_sampler_mix():
 
 
 @needs_stockfish
-def test_stream_sampler_labels_as_it_goes_and_resumes_exactly(tmp_path):
+def test_stream_source_labels_as_it_goes_and_resumes_exactly(tmp_path):
     """--data_source generate: P: prompts are the stream's positions in order (held-out ones left out),
-    labelled as Stockfish labels them, no more than `ahead` searched before they are needed; a sampler loaded
+    labelled as Stockfish labels them, no more than `ahead` searched before they are needed; a source loaded
     from a state_dict draws what the original draws next."""
     ann = Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl"))
-    with closing(StreamSampler(ann, env_ratio=0, seed=0, ahead=8)) as sampler:
-        drawn = sampler.draw(5)
+    with closing(StreamSource(ann, env_ratio=0, seed=0, ahead=8)) as source:
+        drawn = source.draw(5)
         assert len(ann.cache) <= 5 + 8  # labelled as needed, at most `ahead` early, not steps x batch_size up front
     held_out = held_out_keys()
     stream = [fen for fen, _, _ in itertools.islice(iter_positions(0), 40)]
@@ -239,11 +239,11 @@ def test_stream_sampler_labels_as_it_goes_and_resumes_exactly(tmp_path):
     assert [(s.moves, s.evals) for s in drawn] == [tuple(labels[f]) for f in fens]
 
     def run(batches, state=None):  # A: prompts from the recent positions (a replay buffer has its own state)
-        with closing(StreamSampler(Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl")),
-                                   env_ratio=0.4, seed=3, ahead=4)) as sampler:
+        with closing(StreamSource(Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl")),
+                                  env_ratio=0.4, seed=3, ahead=4)) as source:
             if state is not None:
-                sampler.load_state_dict(state)
-            return [[x.prompt + x.completion for x in sampler.draw(6)] for _ in range(batches)], sampler.state_dict()
+                source.load_state_dict(state)
+            return [[x.prompt + x.completion for x in source.draw(6)] for _ in range(batches)], source.state_dict()
 
     full, _ = run(3)
     _, after_one = run(1)
@@ -253,7 +253,7 @@ def test_stream_sampler_labels_as_it_goes_and_resumes_exactly(tmp_path):
 
 def test_generate_without_stockfish_is_one_sentence():
     with pytest.raises(FileNotFoundError, match="apt-get install stockfish"):
-        make_sampler(Config(data_source="generate", stockfish_path="/nonexistent/stockfish"))
+        make_source(Config(data_source="generate", stockfish_path="/nonexistent/stockfish"))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ import torch
 
 import mini.train as train
 from mini.config import POOL_PATH, parse_args
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.loader import load_model
+from mini.rollout import Rollout, merge_sampling
 from mini.runs import load_checkpoint
 from mini.test_train import (FULL_STATE, STEPS, args, assert_same_final_state, install_scripted_reward,
                              install_test_hooks, read_jsonl, scripted_score, tiny, without_timing)  # noqa: F401 (tiny: a fixture)
@@ -78,20 +79,20 @@ def assert_same_metrics(a, b):
 
 
 def fixed_step(cfg):
-    """One learn() on a fixed global batch of PROMPTS x K rows, of which this rank takes its share; rank 0
+    """One train_step() on a fixed global batch of PROMPTS x K rows, of which this rank takes its share; rank 0
     saves the weights, value head and metrics row to <run>/result.pt."""
     t = train.Trainer(cfg)
-    samples = [s for s in TaskSampler(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
+    samples = [s for s in PoolSource(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]
     texts = [t.tok.decode(c) for c in completions]
     n = len(samples) // t.world
     mine = slice(t.rank * n, (t.rank + 1) * n)
-    r = train.Rollout(samples[mine], [t.tok.encode(s.prompt) for s in samples[mine]], completions[mine], texts[mine],
-                      scores=[scripted_score(s, x) for s, x in zip(samples[mine], texts[mine])])
-    t.prepare(r)
-    m = t.learn(r, train.PhaseTimer(False))
+    r = Rollout(samples[mine], [t.tok.encode(s.prompt) for s in samples[mine]], completions[mine], texts[mine])
+    t.rollout = lambda: r  # the step on this fixed, scripted batch
+    t.scorer.submit = lambda samples, texts: lambda: [scripted_score(s, x) for s, x in zip(samples, texts)]
+    m = t.train_step()
     if t.main:
         torch.save({"model": t.model.state_dict(), "value_head": t.value_head.state_dict() if t.value_head else None,
                     "metrics": m}, os.path.join(t.run_dir.path, "result.pt"))
@@ -155,10 +156,10 @@ def test_dynamic_sampling_metrics_of_the_ranks_merge_into_the_global_steps():
              {"ds_rounds": 3, "ds_groups_drawn": 12, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 0.25,
               "ds_reward_mean_drawn": 0.1}]
     # the slowest rank's rounds; groups summed; 2 + 3 of 16 groups drawn had equal rewards
-    assert train.merge_sampling(parts) == {"ds_rounds": 3, "ds_groups_drawn": 16, "ds_groups_kept": 4,
+    assert merge_sampling(parts) == {"ds_rounds": 3, "ds_groups_drawn": 16, "ds_groups_kept": 4,
                                            "ds_zero_var_share_drawn": 5 / 16,
                                            "ds_reward_mean_drawn": pytest.approx((4 * 0.5 + 12 * 0.1) / 16)}
-    assert train.merge_sampling([{}, {}]) == {} and train.merge_sampling([parts[0]]) == parts[0]
+    assert merge_sampling([{}, {}]) == {} and merge_sampling([parts[0]]) == parts[0]
 
 
 def test_a_batch_that_does_not_divide_among_the_ranks_is_one_sentence(monkeypatch, capsys):

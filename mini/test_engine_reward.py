@@ -10,11 +10,11 @@ import signal
 import chess
 import pytest
 
-from mini.annotate import Annotator, find_stockfish
 from mini.config import Config
 from mini.formats import parse_line, policy_completion, policy_sample
 from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engine_reward, group_chunks, move_quality,
                                 move_score, score, score_batch, score_chunk, win_prob)
+from mini.stockfish import Annotator, find_stockfish
 from mini.test_formats import P_LINES
 
 try:
@@ -24,7 +24,7 @@ except FileNotFoundError:
 needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="Stockfish binary not found (apt-get install stockfish)")
 DEPTH = 10  # the default --engine_depth: 25 ms a search on one core
 
-# labels: Stockfish 15.1 MultiPV 5 at depth 10 (mini/annotate.py), side to move's pawns
+# labels: Stockfish 15.1 MultiPV 5 at depth 10 (mini/stockfish.py), side to move's pawns
 EQUAL = policy_sample(chess.STARTING_FEN, ["g2g3", "e2e4", "d2d4", "g1f3", "c2c4"], [0.27, 0.27, 0.26, 0.25, 0.24])
 # Black to move, +0.8 after fxe4; Qd6-e5?? is taken by the d4 pawn for nothing (mini/data/eval.jsonl's labels)
 QUEEN = policy_sample("rn2kb1r/pp2p1pp/2pqb2n/3p1pN1/3PP3/5N2/PPPB1PPP/R2QKB1R b KQkq - 0 7",

@@ -9,16 +9,18 @@ import re
 import subprocess
 import sys
 
+import chess
 import pytest
 import torch
 
-import mini.evaluate as ev
 from mini.config import EVAL_PATH
-from mini.formats import legal_ucis, parse_line
+import mini.evaluate as ev
+from mini.formats import env_sample, legal_ucis, parse_line, policy_sample
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
-from mini.annotate import find_stockfish
+from mini.positions import history_bucket, phase
 from mini.reward_scorer import EngineReward, score
+from mini.stockfish import find_stockfish
 from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
 
@@ -48,12 +50,48 @@ def test_labels_score_full_marks(held_out, monkeypatch):
     assert completions == [s.completion for s in held_out] and model.training  # train mode restored
     names = {f"eval_P_{k}" for k in ("invalid", "best_legal", "top5_acc", "top5_legal", "eval_mae", "illegal_from",
                                      "illegal_geometry", "illegal_check")}
-    names |= {f"eval_P_best_acc_{w}{side}" for w in ("label", "pv1") for side in ("", "_white", "_black")}
+    names |= {f"eval_P_best_acc_{w}{side}" for w in ("label", "pv1") for side in ("", "_white", "_black", "_legal")
+              if side != "_legal" or w == "pv1"}
+    # breakdowns by the positions' phases and the A: histories' lengths that these 6 + 6 samples have
+    names |= {f"eval_P_best_legal_{phase(chess.Board(s.fen))}" for s in held_out if s.task == "P"}
+    names |= {f"eval_A_next_state_exact_h{history_bucket(len(s.history))}" for s in held_out if s.task == "A"}
     names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
                                       "terminated_acc", "truncated_acc")}
     names |= {"eval_reward", "eval_reward_P", "eval_reward_A", "eval_format_valid_P", "eval_format_valid_A"}
     assert set(metrics) == names
     assert_perfect(metrics)
+
+
+def test_breakdowns_by_phase_history_and_legal_answers():
+    """Hand-computed: P: best_legal per phase, PV1 accuracy and centipawn loss over legal answers only; A: exact
+    next state per history bucket (1-2, 3-5, 6-10 half-moves, the move included)."""
+    opening = policy_sample("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", ["e7e5", "c7c5"], [0.2, 0.3])
+    endgame = policy_sample("8/8/4k3/8/8/4K3/4P3/8 w - - 0 60", ["e3d4", "e2e4"], [1.5, 0.9])
+    # opening: legal but not PV1 (c7c5 is PV1 at 0.3); endgame: illegal (no piece on a1)
+    completions = [" M: e7e5 E: 0.2 B: e7e5", " M: a1a2 E: 0.0 B: a1a2"]
+    short = env_sample(chess.STARTING_FEN, "e2e4", ["e2e4"])  # history of 1
+    cut = env_sample(opening.fen, "e7e5", ["d2d4", "d7d5", "e2e4", "e7e5"])  # 4 (not a real game: a test string)
+    wrong = env_sample(opening.fen, "e7e6", ["e2e4", "e7e6"])  # 2, answered with the input FEN: wrong
+    completions += [short.completion, cut.completion, f"{opening.fen}+0.001+0+0"]
+    v = ev.per_sample_values([opening, endgame, short, cut, wrong], completions)
+    assert v["eval_P_best_legal_opening"] == [1.0] and v["eval_P_best_legal_endgame"] == [0.0]
+    assert "eval_P_best_legal_middlegame" not in v
+    assert v["eval_P_best_acc_pv1_legal"] == [0.0]  # one legal answer, not PV1; the illegal one is not counted
+    assert v["eval_A_next_state_exact_h1-2"] == [1.0, 0.0] and v["eval_A_next_state_exact_h3-5"] == [1.0]
+    assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]
+    assert [phase(chess.Board(s.fen)) for s in (opening, endgame)] == ["opening", "endgame"]
+
+
+def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
+    """A .jsonl with A: records gives those transitions (not random ones), and --pad pads the P: prompts."""
+    path = tmp_path / "games.jsonl"
+    path.write_text(json.dumps({"meta": {}}) + "\n" + json.dumps(
+        {"fen": chess.STARTING_FEN, "moves": ["e2e4"], "evals": [0.3], "history": []}) + "\n" + json.dumps(
+        {"fen": chess.STARTING_FEN, "move": "g1f3", "history": ["g1f3"]}) + "\n")
+    for pad in (90, 89):
+        p, a = ev.load_eval_set(str(path), 5, pad)
+        assert p.prompt == "P: " + chess.STARTING_FEN + " " * (pad - 1 - len(chess.STARTING_FEN))
+        assert (a.task, a.move, a.history) == ("A", "g1f3", ["g1f3"])
 
 
 def test_text_lines_label_versus_pv1():
@@ -62,8 +100,9 @@ def test_text_lines_label_versus_pv1():
     samples = [parse_line(line) for line in P_LINES + A_LINES]
     values = ev.per_sample_values(samples, [s.completion for s in samples])
     metrics = {k: sum(v) / len(v) for k, v in values.items()}
-    assert_perfect(metrics, skip={"eval_P_best_acc_pv1", "eval_P_best_acc_pv1_black"})
+    assert_perfect(metrics, skip={"eval_P_best_acc_pv1", "eval_P_best_acc_pv1_black", "eval_P_best_acc_pv1_legal"})
     assert metrics["eval_P_best_acc_pv1_black"] == 0.0 and metrics["eval_P_best_acc_pv1"] == pytest.approx(2 / 3)
+    assert metrics["eval_P_best_acc_pv1_legal"] == pytest.approx(2 / 3)  # every label is a legal move
     assert [ev.pv1_of(s) for s in samples[:3]] == ["b3b5", "h7f8", "d4c5"]  # the all-0.0 tie goes to the label
     tied = parse_line(P_LINES[1].replace("-3.06", "-2.3"))  # a4a3 and h7f8 tie at the top, the label is not there
     assert ev.pv1_of(tied) is None
@@ -127,7 +166,7 @@ def test_hand_computed():
 def test_engine_quality_is_the_reward_function():
     """Move quality by hand for labelled and illegal moves; for an unlabelled move it equals the engine
     reward's best component, both from reward_scorer.move_quality."""
-    from mini.annotate import find_stockfish
+    from mini.stockfish import find_stockfish
     from mini.reward_scorer import EngineReward, score_chunk, win_prob
     try:
         engine = EngineReward(find_stockfish(), depth=8)
@@ -187,7 +226,7 @@ def test_cli_text_file(snapshot, tmp_path, capsys):
 def test_cli_bad_paths(snapshot, tmp_path):
     missing = str(tmp_path / "no_such_model")
     run = subprocess.run([sys.executable, SCRIPT, "--model_path", missing], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and missing in run.stderr
+    assert run.returncode == 2 and missing in run.stderr  # looked for at parse time, before any model loads
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     with pytest.raises(SystemExit, match="no_such_file"):
         ev.main(["--model_path", snapshot, "--data", str(tmp_path / "no_such_file.txt")])

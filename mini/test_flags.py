@@ -1,6 +1,6 @@
 """Every Config flag reaches the code that uses it: a changed flag changes, to a hand-computed value, what
 its consumer receives or returns (the loss settings, the optimizer, the generation call, the advantages, the
-samplers and sources, the engine reward, the controller of the adaptive KL coefficient). FLAG_TESTS names,
+prompt sources, the engine reward, the controller of the adaptive KL coefficient). FLAG_TESTS names,
 for every field of Config, the test that shows it; test_every_flag_has_a_test keeps it complete.
 
 The trainers here read 8 positions of the shipped pool (--data_source file), so that each starts in < 1 s.
@@ -18,7 +18,8 @@ import torch
 
 import mini.train as train
 from mini.config import FIELDS, POOL_PATH, Config, parse_args
-from mini.dataset import StreamSampler, TaskSampler, make_sampler
+from mini.dataset import PoolSource, StreamSource, make_source
+from mini.formats import policy_prompt
 from mini.loader import save_model
 from mini.reward_scorer import EngineReward, engine_reward
 from mini.runtime import autocast
@@ -112,8 +113,8 @@ def test_adaptive_kl_coefficient_reaches_the_loss(shared, monkeypatch):
         assert calls[0][0].kl_coef == pytest.approx(want, abs=1e-12) and stats["kl_coef"] == calls[0][0].kl_coef
 
 
-def test_target_kl_and_horizon_steer_the_coefficient_after_each_step(files, tmp_path, shared):
-    """learn() feeds the step's KL to the controller built from --kl_coef, --target_kl, --kl_horizon:
+def test_target_kl_and_horizon_steer_the_coefficient_after_each_step(files, tmp_path, shared, monkeypatch):
+    """train_step feeds the step's KL to the controller built from --kl_coef, --target_kl, --kl_horizon:
     beta <- 0.05 * (1 + clip(kl / 0.5 - 1, -0.2, 0.2) / 10); without --adaptive_kl it stays --kl_coef."""
     adaptive = trainer(files, tmp_path, "--kl_coef", "0.05", "--target_kl", "0.5", "--kl_horizon", "10", "--adaptive_kl")
     assert (adaptive.kl_ctl.coef, adaptive.kl_ctl.target, adaptive.kl_ctl.horizon) == (0.05, 0.5, 10)
@@ -121,10 +122,8 @@ def test_target_kl_and_horizon_steer_the_coefficient_after_each_step(files, tmp_
         with torch.no_grad():  # a policy away from the reference: the KL is not 0
             for p in t.model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
-        r = t.rollout()
-        t.prepare(r)
-        r.scores = [(x, {}) for x in (0.0, 1.0, 0.25, 0.5)]
-        m = t.learn(r, train.PhaseTimer(False))
+        monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: lambda: [(x, {}) for x in (0.0, 1.0, 0.25, 0.5)])
+        m = t.train_step()
         assert m["kl"] > 0
         want = coef * (1 + min(max(m["kl"] / 0.5 - 1, -0.2), 0.2) / 10) if t is adaptive else coef
         assert t.kl_ctl.coef == pytest.approx(want, rel=1e-12)
@@ -270,25 +269,39 @@ def test_bf16_flags_reach_autocast():
 
 # ----------------------------------------------------------------------------- sources, scorers, evaluation
 
-def test_data_flags_reach_the_sampler(files, tmp_path):
+def test_data_flags_reach_the_source(files, tmp_path):
     _, data = files
     cfg = parse_args(flags(files, tmp_path, "--mix_env_ratio", "0.35", "--seed", "7"))
-    s = make_sampler(cfg, rank=2)
-    assert isinstance(s, TaskSampler) and s.env_ratio == 0.35 and len(s.policy) == 8
+    s = make_source(cfg, rank=2)
+    assert isinstance(s, PoolSource) and s.env_ratio == 0.35 and len(s.policy) == 8
     assert s.rng.getstate() == random.Random(9).getstate()  # seed + rank
     bad = tmp_path / "bad.jsonl"
     bad.write_text(open(data).read() + "not json\n")
-    assert len(make_sampler(Config(data_source="file", data_file=str(bad), skip_bad_lines=True)).policy) == 8
+    assert len(make_source(Config(data_source="file", data_file=str(bad), skip_bad_lines=True)).policy) == 8
     with pytest.raises(ValueError, match="bad.jsonl:9"):
-        make_sampler(Config(data_source="file", data_file=str(bad), skip_bad_lines=False))
+        make_source(Config(data_source="file", data_file=str(bad), skip_bad_lines=False))
 
 
 def test_generate_source_gets_depth_and_workers(tmp_path):
-    s = make_sampler(Config(data_source="generate", stockfish_depth=3, annotate_workers=2, mix_env_ratio=0.4, seed=5))
+    s = make_source(Config(data_source="generate", stockfish_depth=3, annotate_workers=2, mix_env_ratio=0.4, seed=5,
+                           policy_pad="89"))
     try:
-        assert isinstance(s, StreamSampler) and (s.ann.limit.depth, s.ann.workers, s.env_ratio, s.seed) == (3, 2, 0.4, 5)
+        assert isinstance(s, StreamSource) and (s.ann.limit.depth, s.ann.workers, s.env_ratio, s.seed) == (3, 2, 0.4, 5)
+        assert s.pads == (89,)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("pad, widths", [(None, {90}), ("90", {90}), ("89", {89}), ("both", {89, 90})])
+def test_policy_pad_reaches_the_source(files, tmp_path, pad, widths):
+    """--policy_pad 89: every P: prompt the source draws has its FEN padded to 89 columns (3 + 88 characters,
+    the last space merging into ' M'), RookWorld's validation file's width; 90 (the default) the generator
+    code's; both: some of each."""
+    cfg = parse_args(flags(files, tmp_path, *(["--policy_pad", pad] if pad else []), "--mix_env_ratio", "0"))
+    drawn = make_source(cfg).draw(64)
+    assert {s.task for s in drawn} == {"P"} and all(len(s.fen) < 88 for s in drawn)
+    assert {len(s.prompt) - 2 for s in drawn} == widths
+    assert all(s.prompt in (policy_prompt(s.fen, 89), policy_prompt(s.fen, 90)) for s in drawn)
 
 
 def test_selfplay_flags_reach_the_source(files, tmp_path, monkeypatch):
@@ -297,21 +310,21 @@ def test_selfplay_flags_reach_the_source(files, tmp_path, monkeypatch):
     made = []
 
     class Source:
-        def __init__(self, tok, sampler, **kw):
+        def __init__(self, tok, source, **kw):
             made.append(self)
-            self.kw, self.sampler, self.refreshed, self.metrics = kw, sampler, [], {}
+            self.kw, self.source, self.refreshed, self.metrics = kw, source, [], {}
 
         def refresh(self, model, autocast=None):
             self.refreshed.append(t.step)
             assert model is t.model
 
         def draw(self, n):
-            return self.sampler.draw(n)
+            return self.source.draw(n)
 
         def close(self):
             pass
     monkeypatch.setattr(train, "SelfPlaySource", Source)
-    monkeypatch.setattr(train, "make_sampler", lambda cfg, buffer, rank: make_sampler(
+    monkeypatch.setattr(train, "make_source", lambda cfg, buffer, rank: make_source(
         Config(data_source="file", data_file=files[1]), buffer, rank))
     t = train.Trainer(parse_args(flags(files, tmp_path, source=False) + [
         "--data_source", "selfplay", "--selfplay_games", "3", "--selfplay_plies", "5", "--selfplay_refresh", "2",
@@ -391,7 +404,7 @@ FLAG_TESTS = {
        for name in ("use_gae", "grad_checkpointing", "reward_shaping")},
     **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference" for name in ("gamma", "gae_lambda")},
     **{name: "mini/test_flags.py::test_bf16_flags_reach_autocast" for name in ("bf16", "bf16_cpu")},
-    **{name: "mini/test_flags.py::test_data_flags_reach_the_sampler"
+    **{name: "mini/test_flags.py::test_data_flags_reach_the_source"
        for name in ("mix_env_ratio", "seed", "data_source", "data_file", "skip_bad_lines")},
     **{name: "mini/test_flags.py::test_generate_source_gets_depth_and_workers"
        for name in ("stockfish_depth", "annotate_workers")},
@@ -400,6 +413,7 @@ FLAG_TESTS = {
                     "selfplay_top_k", "stockfish_path")},
     **{name: "mini/test_flags.py::test_engine_flags_reach_the_engine_reward"
        for name in ("p_reward", "engine_depth", "engine_nodes", "engine_cache")},
+    "policy_pad": "mini/test_flags.py::test_policy_pad_reaches_the_source",
     "score_workers": "mini/test_train.py::test_scoring_in_worker_processes_changes_nothing",
     **{name: "mini/test_flags.py::test_evaluation_flags" for name in ("eval_every", "eval_n", "eval_chess")},
     "log_samples": "mini/test_flags.py::test_log_samples_writes_the_first_row_of_that_many_groups",

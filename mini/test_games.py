@@ -10,6 +10,7 @@ import chess
 import pytest
 
 import mini.chess_eval as ce
+import mini.games as gm
 import mini.selfplay as selfplay
 from mini.dataset import ReplayBuffer
 from mini.formats import policy_prompt, policy_sample
@@ -65,27 +66,27 @@ def scripted(line):
     (KNIGHTS_BACK_AND_FORTH, "threefold_repetition", 7),
 ])
 def test_self_play_ends_by_the_rules_for_either_side(moves, end, plies):
-    games = ce.self_play(scripted(moves.split()), ["initial", "initial"])
+    games = gm.self_play(scripted(moves.split()), ["initial", "initial"])
     assert [(g["end"], g["plies"], g["moves"]) for g in games] == [(end, plies, moves.split())] * 2
-    assert ce.selfplay_values(games) == {"chess_selfplay_plies": [float(plies)] * 2, "chess_selfplay_legal_end": [1.0] * 2}
-    assert ce.selfplay_summary(games) == {"chess_selfplay_plies_median": float(plies), f"chess_selfplay_end_{end}": 1.0}
+    assert gm.selfplay_values(games) == {"chess_selfplay_plies": [float(plies)] * 2, "chess_selfplay_legal_end": [1.0] * 2}
+    assert gm.selfplay_summary(games) == {"chess_selfplay_plies_median": float(plies), f"chess_selfplay_end_{end}": 1.0}
 
 
 def test_the_arbiter_history_at_every_ply():
     """The A: history of ply i is the last up to 10 half-moves including the move itself: ITALIAN_12[max(0, i - 9):
     i + 1], i.e. 1, 2, ..., 10, 10, 10 entries. A game from an opening carries the book moves before it."""
-    games = ce.self_play(scripted(ITALIAN_12), ["initial"], max_plies=12)
+    games = gm.self_play(scripted(ITALIAN_12), ["initial"], max_plies=12)
     assert games[0]["end"] == "max_plies" and len(games[0]["transitions"]) == 12
     for i, (fen, move, history) in enumerate(games[0]["transitions"]):
         assert (fen, move) == (played(" ".join(ITALIAN_12[:i])).fen(), ITALIAN_12[i])
         assert history == ITALIAN_12[max(0, i - 9):i + 1] and len(history) == min(i + 1, 10)
-    book = ce.OPENINGS["sicilian_najdorf"].split()  # 10 half-moves
-    games = ce.self_play(lambda prompts: [" M: a1a2 E: 0.0 B: h2h3"], ["sicilian_najdorf"], max_plies=1)
+    book = gm.OPENINGS["sicilian_najdorf"].split()  # 10 half-moves
+    games = gm.self_play(lambda prompts: [" M: a1a2 E: 0.0 B: h2h3"], ["sicilian_najdorf"], max_plies=1)
     assert games[0]["transitions"][0][2] == book[-9:] + ["h2h3"]
 
 
 def test_an_illegal_move_ends_the_game_and_is_still_a_transition():
-    games = ce.self_play(scripted(ITALIAN_12[:3] + ["e1e3"]), ["initial"])
+    games = gm.self_play(scripted(ITALIAN_12[:3] + ["e1e3"]), ["initial"])
     g = games[0]
     assert (g["end"], g["plies"], len(g["transitions"])) == ("illegal", 3, 4)
     assert g["transitions"][-1][2] == ITALIAN_12[:3] + ["e1e3"]
@@ -100,6 +101,7 @@ def test_environment_and_replay_histories_at_every_ply():
         s = random_env_sample(board.fen(), led, rng, illegal_rate=0.0, garbage_rate=0.0)
         assert s.history == (led + [s.move])[-10:] and len(s.history) == min(n, 9) + 1
         buffer = ReplayBuffer()
+        buffer.held_out = set()  # the Italian's early positions are held-out eval positions, which it refuses
         buffer.add_next(policy_sample(board.fen(), [ITALIAN_12[n]], [0.0], history=led))
         assert [h for _, h in buffer.items.values()] == [ITALIAN_12[:n + 1][-9:]]
 
@@ -108,8 +110,8 @@ def test_model_player_is_seeded(tmp_path):
     """The same seed samples the same completions, another seed others: self-play's refreshes differ by seed."""
     model, tok = tiny_gpt(eos_bias=-5.0), Tokenizer.gpt2()
     prompts = [policy_prompt(chess.STARTING_FEN)] * 4
-    texts = {seed: ce.model_player(model, tok, temperature=1.0, seed=seed, max_new_tokens=6)(prompts) for seed in (1, 2)}
-    assert ce.model_player(model, tok, temperature=1.0, seed=1, max_new_tokens=6)(prompts) == texts[1] != texts[2]
+    texts = {seed: gm.model_player(model, tok, temperature=1.0, seed=seed, max_new_tokens=6)(prompts) for seed in (1, 2)}
+    assert gm.model_player(model, tok, temperature=1.0, seed=1, max_new_tokens=6)(prompts) == texts[1] != texts[2]
 
 
 def test_selfplay_player_samples_at_its_settings(tmp_path, monkeypatch):
@@ -151,6 +153,7 @@ def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
     calls = []
     with SelfPlaySource(None, games=1, plies=3, depth=1, workers=1, cache_path=str(tmp_path / "sf.jsonl"), seed=5,
                         player=recording_player(calls)) as src:
+        src.held_out = set()  # the Italian's early positions are held-out eval positions, which it leaves out
         src.refresh("weights A")
         assert [len(h) for _, h in src.pending] == [0, 1, 2]
         src.refresh("weights B")

@@ -1,5 +1,6 @@
-"""The layout: modules are layered so that data flows one way (prompt -> rollout -> reward -> loss ->
-update), with no import cycle, and the entry-point scripts are imported by no module.
+"""The layout: two floors in one flat folder. The library is what `python mini/train.py` imports, layered so
+that data flows one way (prompt -> rollout -> reward -> loss -> update) with no import cycle; the tools are
+commands built on it. A library module imports only library modules below it, never a tool.
 
     python mini/test_layout.py
 """
@@ -9,18 +10,19 @@ import os
 
 import pytest
 
-# bottom to top: a module may import only modules listed before it
-LAYERS = [
+# bottom to top: a library module may import only the library modules listed before it
+LIBRARY = [
     "config", "runtime", "distributed",    # settings; device, autocast, LR schedule, seeding; torchrun
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
-    "formats", "positions", "annotate", "dataset",  # RookWorld text, positions, Stockfish labels, prompt sources
-    "reward_scorer", "grpo",               # rewards; the objective as tensor functions
-    "runs", "report", "plots",             # run directories; their dashboards (TRL's names) and PNGs
-    "evaluate", "chess_eval", "selfplay",  # held-out metrics; chess skill; on-policy training positions
+    "formats", "stockfish", "positions", "dataset",  # RookWorld text, Stockfish, positions, prompt sources
+    "reward_scorer", "grpo", "rollout",    # rewards; the objective as tensor functions; a step's batch as data
+    "runs", "report", "plots",             # run directories, checkpoints and resume; dashboards (TRL's names); PNGs
+    "evaluate", "games", "selfplay",       # held-out metrics; games between players; on-policy training positions
+    "autobatch",                           # --auto_batch_size: the largest batch that fits
     "train",                               # the GRPO loop
-    "sft", "bench", "mutants",             # scripts
 ]
-SCRIPTS = {"sft", "bench", "mutants"}  # entry points only (train, evaluate and annotate have a CLI and are imported too)
+# commands built on the library, which none of it imports; a tool may import the library and the tools before it
+TOOLS = ["annotate", "chess_eval", "sft", "bench", "mutants"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -43,20 +45,23 @@ def modules():
                   if not os.path.basename(p).startswith(("test_", "__")))
 
 
-def test_every_module_has_a_layer():
-    assert set(modules()) == set(LAYERS), "place a new module in LAYERS (or remove a deleted one from it)"
+def test_every_module_is_on_a_floor():
+    assert set(modules()) == set(LIBRARY) | set(TOOLS), \
+        "place a new module in LIBRARY or TOOLS (or remove a deleted one from it)"
+    assert not set(LIBRARY) & set(TOOLS)
 
 
-@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("name", LIBRARY + TOOLS)
 def test_imports_go_down_only(name):
-    below = set(LAYERS[:LAYERS.index(name)])
-    up = mini_imports(os.path.join(HERE, name + ".py")) - below
+    order = LIBRARY + TOOLS
+    up = mini_imports(os.path.join(HERE, name + ".py")) - set(order[:order.index(name)])
     assert not up, f"{name}.py imports {sorted(up)}, which are not below it"
 
 
-def test_no_module_imports_a_script():
-    for name in modules():
-        assert not mini_imports(os.path.join(HERE, name + ".py")) & SCRIPTS, name
+@pytest.mark.parametrize("name", LIBRARY)
+def test_the_library_imports_no_tool(name):
+    tools = mini_imports(os.path.join(HERE, name + ".py")) & set(TOOLS)
+    assert not tools, f"library module {name}.py imports the tool(s) {sorted(tools)}: move what it needs into the library"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Every logged metric of a training step, by hand, on a mixed batch: P: and A: groups, valid and invalid
 completions, one group of equal rewards. Per-task figures are means over that task's rows.
 
-The batch (K = 2; rewards and components from the reward_scorer docstring, see mini/test_adversarial.py):
+The batch (K = 2; rewards and components from the reward spec (MOVED_DOCS.md), see mini/test_adversarial.py):
   group 0  P  own completion                         1.0    best 1   cand 1    evals 1  raw 1
               " M: b3b5 E: -0.8 B: b3b7"             0.608  best .5  cand .2   evals 1  raw .51
   group 1  A  own completion                         1.0    all five 1            raw 1
@@ -24,6 +24,7 @@ from mini.config import POOL_PATH, parse_args
 from mini.grpo import LossSettings, grpo_loss, policy_loss
 from mini.loader import save_model
 from mini.reward_scorer import score_batch
+from mini.rollout import Rollout, merge_sampling, reward_metrics
 from mini.test_adversarial import A, A_CASES, P, P_CASES, REF_A, REF_P
 from mini.test_train import tiny_gpt
 from mini.tokenizer import Tokenizer
@@ -51,7 +52,7 @@ def test_the_batch_scores_as_the_table_says():
 
 
 def test_reward_metrics_by_hand():
-    m = train.reward_metrics(torch.tensor(REWARDS), TASKS, score_batch(SAMPLES, TEXTS))
+    m = reward_metrics(torch.tensor(REWARDS), TASKS, score_batch(SAMPLES, TEXTS))
     assert m.keys() == REWARD_METRICS.keys()
     for k, v in REWARD_METRICS.items():
         assert m[k] == pytest.approx(v, abs=1e-6), k
@@ -59,9 +60,9 @@ def test_reward_metrics_by_hand():
 
 def test_reward_metrics_of_one_task_and_one_row():
     """A batch without A: has no A: metrics; a task with one row has std 0."""
-    m = train.reward_metrics(torch.tensor([0.608, 1.0]), ["P", "A"], score_batch([P, A], [TEXTS[1], REF_A]))
+    m = reward_metrics(torch.tensor([0.608, 1.0]), ["P", "A"], score_batch([P, A], [TEXTS[1], REF_A]))
     assert (m["reward_std_P"], m["reward_std_A"], m["best_P"], m["fen_exact_A"]) == (0.0, 0.0, 0.5, 1.0)
-    m = train.reward_metrics(torch.tensor(REWARDS[:2]), TASKS[:2], score_batch(SAMPLES[:2], TEXTS[:2]))
+    m = reward_metrics(torch.tensor(REWARDS[:2]), TASKS[:2], score_batch(SAMPLES[:2], TEXTS[:2]))
     assert not [k for k in m if k.endswith("_A")] and m["candidates_P"] == pytest.approx(0.6)
 
 
@@ -77,16 +78,16 @@ def trainer(tmp_path_factory):
         "--data_source", "file", "--data_file", str(d / "pool.jsonl")]))
 
 
-def test_a_steps_metrics_row_by_hand(trainer):
-    """learn() on the batch: the reward metrics above, the token counts of the batch (a completion of 30
+def test_a_steps_metrics_row_by_hand(trainer, monkeypatch):
+    """A train_step on the batch: the reward metrics above, the token counts of the batch (a completion of 30
     tokens or more ran to --max_new_tokens 30), the group statistics, and samples.jsonl's first row of each
     of --log_samples 3 groups."""
     tok = trainer.tok
     prompts, completions = [tok.encode(s.prompt) for s in SAMPLES], [tok.encode(t) for t in TEXTS]
-    r = train.Rollout(list(SAMPLES), prompts, completions, list(TEXTS))
-    trainer.prepare(r)
-    r.scores = score_batch(SAMPLES, TEXTS)
-    m = trainer.learn(r, train.PhaseTimer(False))
+    r = Rollout(list(SAMPLES), prompts, completions, list(TEXTS))
+    monkeypatch.setattr(trainer, "rollout", lambda: r)
+    monkeypatch.setattr(trainer.scorer, "submit", lambda samples, texts: lambda: score_batch(samples, texts))
+    m = trainer.train_step()
     lens = [len(c) for c in completions]
     assert lens[0] > 30 > lens[1] and lens[3] < 30 and lens[2] > 30  # the P: and A: answers are long, junk short
     # |advantage| of a group of 2 rewards d apart: (d / 2) / (d / sqrt(2) + 1e-4); group 3 has none
@@ -135,10 +136,10 @@ def test_merged_sampling_metrics_weigh_ranks_by_groups_drawn():
               "ds_reward_mean_drawn": 0.2},
              {"ds_rounds": 3, "ds_groups_drawn": 6, "ds_groups_kept": 2, "ds_zero_var_share_drawn": 1 / 3,
               "ds_reward_mean_drawn": 0.6}]
-    assert train.merge_sampling(parts) == pytest.approx({
+    assert merge_sampling(parts) == pytest.approx({
         "ds_rounds": 3, "ds_groups_drawn": 8, "ds_groups_kept": 3, "ds_zero_var_share_drawn": 3 / 8,
         "ds_reward_mean_drawn": 4 / 8})
-    assert train.merge_sampling([{}]) == {} and train.merge_sampling([parts[1]]) == parts[1]
+    assert merge_sampling([{}]) == {} and merge_sampling([parts[1]]) == parts[1]
 
 
 if __name__ == "__main__":

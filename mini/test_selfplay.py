@@ -11,13 +11,13 @@ import chess
 import pytest
 import torch
 
-import mini.chess_eval as ce
-from mini.annotate import find_stockfish
 from mini.config import EVAL_PATH, POOL_PATH
-from mini.dataset import TaskSampler, load_jsonl
+from mini.dataset import PoolSource, load_jsonl
 from mini.formats import env_sample, legal_ucis, position_key
+from mini.games import game_starts, load_mates, opening_board
 from mini.model import GPT, GPTConfig
 from mini.selfplay import SelfPlaySource
+from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
 
 try:
@@ -41,7 +41,7 @@ def source(tmp_path, pool=None, **kw):
 
 def line(start, rule, n):
     """FENs before each of n moves by rule from a named start."""
-    board, out = ce.opening_board(start), []
+    board, out = opening_board(start), []
     for _ in range(n):
         out.append(board.fen())
         board.push_uci(rule(sorted(legal_ucis(board.fen()))))
@@ -71,7 +71,7 @@ def test_positions_follow_the_current_policy(tmp_path):
         new = [t for k, t in src.moves.items() if k not in before]
         assert new and played_by(new, RULES["last"])
         # 6 plies reached after 2 more: every game restarted from the next starts, then played 2 plies
-        assert [g["start"] for g in src.games] == ce.game_starts(6)[3:] and [g["plies"] for g in src.games] == [2, 2, 2]
+        assert [g["start"] for g in src.games] == game_starts(6)[3:] and [g["plies"] for g in src.games] == [2, 2, 2]
         assert src.pending and all(position_key(f) not in src.positions for f, _ in src.pending)
         keys = [position_key(f) for f, _ in src.pending]
         assert len(keys) == len(set(keys))
@@ -127,14 +127,14 @@ def test_held_out_positions_never_enter(tmp_path):
         assert {s.task for s in samples} == {"P", "A"}
         # the A: move that leads there is out too (its completion shows the position)
         assert all(key != position_key(env_sample(*t).next_fen) for t in src.moves.values())
-        shipped = [json.loads(x)["fen"] for x in open(EVAL_PATH) if '"fen"' in x] + [r["fen"] for r in ce.load_mates()]
+        shipped = [json.loads(x)["fen"] for x in open(EVAL_PATH) if '"fen"' in x] + [r["fen"] for r in load_mates()]
         assert {position_key(f) for f in shipped} <= src.held_out
 
 
 @needs_stockfish
 def test_state_dict_resumes_exactly(tmp_path):
     pool_samples = load_jsonl(POOL_PATH)[:50]
-    pool = TaskSampler(pool_samples, 0.2, seed=1)
+    pool = PoolSource(pool_samples, 0.2, seed=1)
     with source(tmp_path, pool, mix=0.6, plies=3, seed=5) as a:
         a.refresh("random")
         a.draw(10)
@@ -143,7 +143,7 @@ def test_state_dict_resumes_exactly(tmp_path):
         assert a.pending
         torch.save({"selfplay": a.state_dict(), "pool_rng": pool.rng.getstate()}, tmp_path / "ckpt.pt")
         saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-        pool_b = TaskSampler(pool_samples, 0.2, seed=99)
+        pool_b = PoolSource(pool_samples, 0.2, seed=99)
         pool_b.rng.setstate(saved["pool_rng"])
         with source(tmp_path, pool_b, mix=0.6, plies=3, seed=5) as b:
             b.load_state_dict(saved["selfplay"])
@@ -159,7 +159,7 @@ def test_state_dict_resumes_exactly(tmp_path):
 
 @needs_stockfish
 def test_mix_and_draw_before_refresh(tmp_path):
-    pool = TaskSampler(load_jsonl(POOL_PATH)[:20], 0.0, seed=0)
+    pool = PoolSource(load_jsonl(POOL_PATH)[:20], 0.0, seed=0)
     with source(tmp_path, pool, mix=0.0) as src:
         src.refresh("first")
         assert {s.prompt for s in src.draw(20)} <= {s.prompt for s in pool.policy}  # mix 0: the pool only

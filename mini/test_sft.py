@@ -145,7 +145,7 @@ def test_sft_data_never_holds_a_mate_in_one_position(tmp_path):
     with open(path, "w") as f:
         f.write("\n".join(s.prompt + s.completion for s in (mate, pool[0])) + "\n")
     data = sft.SFTData(parse_args(["--data_source", "file", "--data_file", path, "--mix_env_ratio", "0"]))
-    assert {position_key(r["fen"]) for r in mates} <= data.buffer.held_out == data.sampler.held_out
+    assert {position_key(r["fen"]) for r in mates} <= data.buffer.held_out == data.source.held_out
     assert {s.fen for s in data.batch(32)} == {pool[0].fen}
 
 

@@ -27,9 +27,11 @@ import torch
 
 import mini.reward_scorer as reward_scorer
 import mini.train as train
+from mini.autobatch import find_batch_size
 from mini.config import Config, parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
+from mini.rollout import Rollout
 from mini.runs import load_checkpoint
 from mini.runtime import lr_factor
 from mini.tokenizer import Tokenizer
@@ -242,7 +244,7 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, 
     assert m["ds_reward_mean_drawn"] == pytest.approx(sum(drawn_rewards) / len(drawn_rewards))
     assert len(r.samples) == 4 * 3 and not any(constant(s) for s in r.samples)
     plain = train.Trainer(parse_args(args(tiny, tmp_path, "plain", 1, "--batch_size", "4")))
-    same = train.Rollout(list(r.samples), list(r.prompts), list(r.completions), list(r.texts), scores=list(r.scores))
+    same = Rollout(list(r.samples), list(r.prompts), list(r.completions), list(r.texts), scores=list(r.scores))
     plain.prepare(same)
     same.rewards = torch.tensor([x for x, _ in same.scores])
     stats = plain.update(same, *plain.advantages(same)[:2])
@@ -381,6 +383,21 @@ def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
     assert all(s["reward"] == scripted_reward(s["completion"]) for s in samples) and len({s["reward"] for s in samples}) > 1
 
 
+def test_signal_handlers_are_restored_after_main(tiny, tmp_path):
+    """train.main catches SIGINT and SIGTERM only while it trains: a test process gets its own back."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert train.main(args(tiny, tmp_path, "ok", 1)) == 0
+    assert train.main(args(tiny, tmp_path, "kl", 4, "--kl_threshold", "1e-12")) == 1  # stops inside the loop
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_log_line_has_the_digits_and_the_time_left():
+    m = {"step": 3, "loss": 1.234e-6, "reward_mean": 0.5, "kl": 2e-7, "time_step": 1.5}
+    line = train.log_line(m, ["P"] * 6 + ["A"] * 3, 3, 0.6, eta=125)
+    assert line == "Step 3 | Loss 1.23e-06 | Reward 0.500 (best 0.600) | P/E 2/1 | KL 2e-07 | 1.5s | ETA 2m05s"
+    assert train.log_line(m, ["P"] * 3, 3, 0.6, eta=None).endswith("| 1.5s")
+
+
 def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12", "--save_every", "0")) == 1
     assert "exceeds --kl_threshold 1e-12 at step 2" in capsys.readouterr().err
@@ -419,7 +436,7 @@ def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypat
     def finish_then_signal(self, m, r, tasks):
         finish_step(self, m, r, tasks)
         if self.step == 2:
-            self.on_signal(signal.SIGTERM, None)  # as if it came while step 2 ran
+            signal.raise_signal(signal.SIGTERM)  # as if it came while step 2 ran: the run's handler takes it
     monkeypatch.setattr(train.Trainer, "finish_step", finish_then_signal)
     assert train.main(args(tiny, tmp_path, "last", 2)) == 0
     assert (tmp_path / "last" / "final" / "model.safetensors").exists()
@@ -491,12 +508,12 @@ def test_optimizer_groups():
 
 def test_find_batch_size_with_a_fake_memory_probe():
     peak = lambda b: 1000 + 300 * b  # bytes of a step at batch size b; capacity 10,000 at 85%: b <= 25
-    best, measured = train.find_batch_size(peak, 2, 10_000, 0.85)
+    best, measured = find_batch_size(peak, 2, 10_000, 0.85)
     assert best == 16 and [b for b, _ in measured] == [2, 4, 8, 16, 32]
     oom = lambda b: None if b >= 8 else 10 * b
-    assert train.find_batch_size(oom, 2, 10_000, 0.85) == (4, [(2, 20), (4, 40), (8, None)])
-    assert train.find_batch_size(peak, 64, 10_000, 0.85)[0] is None  # even the start does not fit
-    assert train.find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8)[0] == 8
+    assert find_batch_size(oom, 2, 10_000, 0.85) == (4, [(2, 20), (4, 40), (8, None)])
+    assert find_batch_size(peak, 64, 10_000, 0.85)[0] is None  # even the start does not fit
+    assert find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8)[0] == 8
 
 
 def test_damaged_checkpoint_is_refused(tmp_path):

@@ -1,0 +1,148 @@
+"""A step's batch as data: the rollout from sampling to the update (Rollout), every rank's rows of it
+(GlobalBatch), the groups dynamic sampling keeps (InformativeGroups), and the metrics they give a step's row.
+N = batch_size * K rows, groups contiguous: rows g*K .. g*K+K-1 share a prompt.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from mini import distributed, grpo
+
+
+@dataclass
+class Rollout:
+    """One step's batch from sampling to the update. N = batch_size * K rows, groups contiguous
+    (rows g*K .. g*K+K-1 share a prompt). The tensors are on the training device."""
+    samples: list                 # N Samples: prompt and labels
+    prompts: list                 # N token-id lists
+    completions: list             # N token-id lists as sampled, without the EOS
+    texts: list                   # N decoded completions, for the scorer only (never re-encoded)
+    ids: torch.Tensor = None      # (N, Tp + Tc) left-padded prompt, right-padded completion (+ EOS if it stopped)
+    mask: torch.Tensor = None     # (N, Tp + Tc) True on real tokens
+    Tp: int = 0                   # prompt width: completion token t sits at column Tp + t
+    ref_logp: torch.Tensor = None    # (N, Tc) reference log-probs (k3 KL)
+    old_logp: torch.Tensor = None    # (N, Tc) behaviour log-probs (several PPO epochs, GAE)
+    old_values: torch.Tensor = None  # (N, Tc) value estimates (GAE)
+    scores: list = None           # N (reward, components) from the scorer
+    rewards: torch.Tensor = None  # (N,)
+
+    @classmethod
+    def of_rows(cls, rows):
+        """The scored rollout of some (rollout, row index) pairs, in their order."""
+        return cls(*([getattr(r, f)[i] for r, i in rows] for f in ("samples", "prompts", "completions", "texts")),
+                   scores=[r.scores[i] for r, i in rows])
+
+    def pad(self, eos, max_new_tokens, device):
+        """ids, mask and Tp: left-padded prompts then right-padded completions. A row that stopped keeps its
+        EOS: stopping is an action."""
+        comps = [c + [eos] if len(c) < max_new_tokens else c for c in self.completions]
+        Tp, Tc = max(map(len, self.prompts)), max(map(len, comps))
+        ids = torch.full((len(comps), Tp + Tc), eos, dtype=torch.long)
+        mask = torch.zeros(len(comps), Tp + Tc, dtype=torch.bool)
+        for i, (p, c) in enumerate(zip(self.prompts, comps)):
+            ids[i, Tp - len(p):Tp + len(c)] = torch.tensor(p + c)
+            mask[i, Tp - len(p):Tp + len(c)] = True
+        self.ids, self.mask, self.Tp = ids.to(device), mask.to(device), Tp
+
+    def logged(self, step, n_groups, K):
+        """samples.jsonl's rows: the first row of each of the first n_groups groups."""
+        return [{"step": step, "task": self.samples[i].task, "prompt": self.samples[i].prompt,
+                 "completion": self.texts[i], "reward": self.scores[i][0]}
+                for i in range(0, min(n_groups * K, len(self.samples)), K)]
+
+    @property
+    def comp_ids(self):
+        return self.ids[:, self.Tp:]  # (N, Tc)
+
+    @property
+    def comp_mask(self):
+        return self.mask[:, self.Tp:]  # (N, Tc)
+
+    @property
+    def tasks(self):
+        return [s.task for s in self.samples]
+
+
+@dataclass
+class GlobalBatch:
+    """A step's rows of every torchrun rank, in rank order (a plain process is its own world), so that the
+    advantages, the baseline and the metrics are the global batch's; this rank's rows start at `offset`."""
+    scores: list           # N (reward, components)
+    tasks: list            # N "P" or "A"
+    lens: list             # N completion lengths
+    prompt_tokens: int
+    sampling: dict         # dynamic sampling's metrics (empty without it)
+    rewards: torch.Tensor  # (N,)
+    offset: int
+
+    @classmethod
+    def gather(cls, r, sampling, rank):
+        """Every rank's rows of the scored rollout r; sets r.rewards, this rank's."""
+        ranks = distributed.gather((r.scores, r.tasks, [len(c) for c in r.completions], sum(map(len, r.prompts)),
+                                    sampling))
+        scores, tasks, lens = ([x for part in ranks for x in part[i]] for i in range(3))
+        offset = sum(len(part[0]) for part in ranks[:rank])
+        rewards = torch.tensor([reward for reward, _ in scores], dtype=torch.float32)  # (N,)
+        r.rewards = rewards[offset:offset + len(r.scores)]
+        return cls(scores, tasks, lens, sum(part[3] for part in ranks), merge_sampling([part[4] for part in ranks]),
+                   rewards, offset)
+
+    def metrics(self, max_new_tokens):
+        return {**self.sampling, **reward_metrics(self.rewards, self.tasks, self.scores),
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": sum(self.lens),
+                "completion_len_mean": sum(self.lens) / len(self.lens),
+                "completion_clipped_ratio": sum(n >= max_new_tokens for n in self.lens) / len(self.lens)}
+
+
+class InformativeGroups:
+    """The groups of scored rollouts whose rewards differ (grpo.informative_groups), in draw order, and what
+    dynamic sampling drew."""
+
+    def __init__(self, K, min_std):
+        self.K, self.min_std = K, min_std
+        self.kept, self.rounds, self.drawn, self.zero_var, self.reward_sum, self.last = [], 0, 0, 0, 0.0, None
+
+    def add(self, r):
+        rewards = torch.tensor([reward for reward, _ in r.scores])
+        informative = grpo.informative_groups(rewards, self.K, self.min_std).tolist()
+        self.kept += [(r, g) for g, keep in enumerate(informative) if keep]
+        self.rounds, self.drawn, self.last = self.rounds + 1, self.drawn + len(informative), r
+        self.zero_var += int((~grpo.informative_groups(rewards, self.K)).sum())
+        self.reward_sum += rewards.sum().item()
+
+    def rollout(self, n):
+        """The first n kept groups as one rollout; the last rollout whole if none was kept, so the KL term still acts."""
+        kept = self.kept[:n] or [(self.last, g) for g in range(n)]
+        return Rollout.of_rows([(r, i) for r, g in kept for i in range(g * self.K, (g + 1) * self.K)])
+
+    def metrics(self, n):
+        return {"ds_rounds": self.rounds, "ds_groups_drawn": self.drawn, "ds_groups_kept": min(len(self.kept), n),
+                "ds_zero_var_share_drawn": self.zero_var / self.drawn,
+                "ds_reward_mean_drawn": self.reward_sum / (self.drawn * self.K)}
+
+
+def reward_metrics(rewards, tasks, scores):
+    """Reward mean/std overall and per task, each component's mean and format validity per task, of rewards
+    (N,), their tasks and the scorer's (reward, components)."""
+    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0}
+    for task in ("P", "A"):
+        idx = [i for i, t in enumerate(tasks) if t == task]
+        if not idx:
+            continue
+        x = rewards[idx]
+        m[f"reward_mean_{task}"], m[f"reward_std_{task}"] = x.mean().item(), x.std().item() if len(idx) > 1 else 0.0
+        for name in scores[idx[0]][1]:
+            m[f"{name}_{task}"] = sum(scores[i][1][name] for i in idx) / len(idx)
+    return m
+
+
+def merge_sampling(parts):
+    """The dynamic-sampling metrics of the global step from each rank's (empty without it)."""
+    if len(parts) == 1 or not parts[0]:
+        return parts[0]
+    drawn = sum(p["ds_groups_drawn"] for p in parts)
+    per_group = lambda key: sum(p[key] * p["ds_groups_drawn"] for p in parts) / drawn  # a mean over drawn groups
+    return {"ds_rounds": max(p["ds_rounds"] for p in parts), "ds_groups_drawn": drawn,
+            "ds_groups_kept": sum(p["ds_groups_kept"] for p in parts),
+            "ds_zero_var_share_drawn": per_group("ds_zero_var_share_drawn"),
+            "ds_reward_mean_drawn": per_group("ds_reward_mean_drawn")}
