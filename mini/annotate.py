@@ -25,7 +25,7 @@ from mini.dataset import load_jsonl, shipped_keys
 from mini.formats import legal_ucis, position_key
 from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
                             random_env_sample)
-from mini.stockfish import DEFAULT_CACHE, Annotator, close_engine, find_stockfish
+from mini.stockfish import DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, find_stockfish, read_jsonl
 
 
 def write_jsonl(path, meta, positions, labels, transitions=()):
@@ -46,9 +46,16 @@ def write_jsonl(path, meta, positions, labels, transitions=()):
 
 
 GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shipped: rebuilt by the command in README
-def play_games(tag, n, stockfish_path, workers):
-    """n games of positions.play_game, game i seeded by (tag, i): the same games whatever the worker count."""
+
+
+def play_games(tag, n, stockfish_path, workers, cache_dir=""):
+    """n games of positions.play_game, game i seeded by (tag, i): the same games whatever the worker count. Kept
+    in cache_dir/games-<tag>-<n>.jsonl (by the engine's name), so a rebuild does not play them again."""
     path = find_stockfish(stockfish_path)
+    saved = os.path.join(cache_dir, f"games-{tag}-{n}.jsonl") if cache_dir else ""
+    for r in read_jsonl(saved):
+        if r.get("engine") == ENGINE_NAMES[path] and len(r["games"]) == n:
+            return [tuple(g) for g in r["games"]]
 
     def one(i):
         engine = engines.get()
@@ -64,10 +71,13 @@ def play_games(tag, n, stockfish_path, workers):
         engines.put(engine)
     try:
         with ThreadPoolExecutor(workers) as pool:
-            return list(tqdm(pool.map(one, range(n)), total=n, desc=f"{tag} games", unit="game"))
+            games = list(tqdm(pool.map(one, range(n)), total=n, desc=f"{tag} games", unit="game"))
     finally:
         while not engines.empty():
             close_engine(engines.get())
+    if saved:
+        append_jsonl(saved, [{"engine": ENGINE_NAMES[path], "games": games}])
+    return games
 
 
 def game_positions(games, rng, n, exclude=frozenset()):
@@ -122,12 +132,14 @@ def build_from_games(a):
     start position and common openings stay trainable); training games ("<seed>-train") the pool's P: positions
     and every one of their A: transitions, none on a held-out position."""
     t0 = time.time()
-    rng = random.Random(a.seed)
-    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers)
-    train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers)
+    kept = os.path.dirname(os.path.abspath(a.pool_path))  # the games are kept beside the pool
+    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers, kept)
+    train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers, kept)
     trained = shipped_keys([POOL_PATH]) | {position_key(fen) for moves, _ in train_games for fen in game_fens(moves)}
-    eval_positions = game_positions(eval_games, rng, a.eval, exclude=trained)
-    eval_env = game_env_records(eval_games, rng, exclude=trained, per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
+    # one RNG per draw, so that each set depends on its own settings only
+    eval_positions = game_positions(eval_games, random.Random(f"{a.seed}-eval-P"), a.eval, exclude=trained)
+    eval_env = game_env_records(eval_games, random.Random(f"{a.seed}-eval-A"), exclude=trained,
+                                per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
     held_out = {position_key(f) for f, _, _ in eval_positions}
     for fen, move, history in eval_env:
         held_out.add(position_key(fen))
@@ -135,13 +147,14 @@ def build_from_games(a):
         if move in legal_ucis(fen):
             board.push_uci(move)
             held_out.add(position_key(board.fen()))
-    pool_positions = game_positions(train_games, rng, a.pool, exclude=held_out)
-    pool_env = game_env_records(train_games, rng, exclude=held_out)
+    pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out)
+    pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
-        labels = ann.annotate([fen for fen, _, _ in eval_positions + pool_positions])
         meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
                 "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
-    write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
+        labels = ann.annotate([fen for fen, _, _ in eval_positions])  # the held-out set first: it is small
+        write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
+        labels = ann.annotate([fen for fen, _, _ in pool_positions])
     write_jsonl(a.pool_path, {**meta, "games": a.games}, pool_positions, labels, pool_env)
     print(f"wrote {len(pool_positions)} pool positions and {len(pool_env)} A: transitions of {a.games} games, "
           f"{len(eval_positions)} eval positions and {len(eval_env)} A: transitions of {a.eval_games} games "

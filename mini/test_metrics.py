@@ -1,7 +1,7 @@
 """Every logged metric of a training step, by hand, on a mixed batch: P: and A: groups, valid and invalid
 completions, one group of equal rewards. Per-task figures are means over that task's rows.
 
-The batch (K = 2; rewards and components from the reward spec (MOVED_DOCS.md), see mini/test_adversarial.py):
+The batch (K = 2; rewards and components from the README's reward spec, see mini/test_adversarial.py):
   group 0  P  own completion                         1.0    best 1   cand 1    evals 1  raw 1
               " M: b3b5 E: -0.8 B: b3b7"             0.608  best .5  cand .2   evals 1  raw .51
   group 1  A  own completion                         1.0    all five 1            raw 1

@@ -10,7 +10,7 @@ import chess
 import chess.engine
 import pytest
 
-from mini.annotate import game_env_records, main as annotate_main
+from mini.annotate import game_env_records, main as annotate_main, play_games
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import policy_prompt, policy_sample, position_key
 from mini.positions import HISTORY_BUCKETS, game_transitions, history_bucket, play_game
@@ -82,6 +82,13 @@ def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     assert position_key(chess.STARTING_FEN) not in held_out  # in every game: it stays trainable
     assert any(s.fen == chess.STARTING_FEN for s in pool_samples if s.task == "A")
     assert json.loads(ev.read_text().splitlines()[0])["meta"]["generator"] == "mini.positions.play_game"
+
+
+def test_played_games_are_kept_and_read_back(tmp_path, monkeypatch):
+    games = play_games("kept", 1, "", 1, str(tmp_path))
+    monkeypatch.setattr("mini.annotate.play_game", lambda *a: pytest.fail("a kept game was played again"))
+    assert play_games("kept", 1, "", 1, str(tmp_path)) == games
+    assert (tmp_path / "games-kept-1.jsonl").exists()
 
 
 def test_policy_prompts_at_both_paddings():

@@ -12,7 +12,6 @@ import pytest
 
 from mini.report import TRL_NAMES, dashboard_scalars, make_reporter, markdown_table, trl_name
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
 ROWS = [{"step": 1, "reward_mean": 0.25, "kl": 0.01, "best_P": 0.5, "eval_reward": 0.3, "note": "text", "x": None},
         {"step": 2, "reward_mean": 0.5, "kl": 0.02, "best_P": 0.75, "entropy": float("nan")}]
 SAMPLES = [{"step": 2, "task": "P", "prompt": "P: 8/8/8/8/8/8/8/K1k5 w - - 0 1", "completion": "M: a1a2 | b\nB: a1a2",
@@ -27,14 +26,6 @@ def test_trl_names():
     for ours in ("reward_mean_P", "reward_std_A", "eval_reward_P", "chess_mate_acc", "time_update", "peak_mem_mb"):
         assert trl_name(ours) is None, ours
     assert len(set(TRL_NAMES.values())) == len(TRL_NAMES)  # one TRL name per quantity
-
-
-def test_readme_table_is_trl_names():
-    text = open(README, encoding="utf-8").read()
-    if "## Monitoring a run" not in text:
-        pytest.skip("README.md has no 'Monitoring a run' section yet")
-    for ours, trl in TRL_NAMES.items():
-        assert f"| `{ours}` | `{trl}` |" in text, ours
 
 
 def test_dashboard_scalars_group_and_skip():
