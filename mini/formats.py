@@ -150,6 +150,8 @@ def parse_env(text):
     if len(parts) != 4:
         raise ValueError(f"expected 4 '+' fields, got {len(parts)}")
     fen, reward, terminated, truncated = parts
+    if len(fen.split()) != 6:  # python-chess also takes a bare board, whose defaults would pass for a next state
+        raise ValueError("the FEN needs its 6 fields")
     chess.Board(fen)  # ValueError on a FEN python-chess does not accept
     try:
         reward = float(reward)
