@@ -25,7 +25,8 @@ from mini.dataset import load_jsonl, shipped_keys
 from mini.formats import legal_ucis, position_key
 from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
                             random_env_sample)
-from mini.stockfish import DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, find_stockfish, read_jsonl
+from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
+                            find_stockfish, open_engine, read_jsonl)
 
 
 def write_jsonl(path, meta, positions, labels, transitions=()):
@@ -50,8 +51,9 @@ GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shippe
 
 def play_games(tag, n, stockfish_path, workers, cache_dir=""):
     """n games of positions.play_game, game i seeded by (tag, i): the same games whatever the worker count. Kept
-    in cache_dir/games-<tag>-<n>.jsonl (by the engine's name), so a rebuild does not play them again."""
-    path = find_stockfish(stockfish_path)
+    in cache_dir/games-<tag>-<n>.jsonl (by the engine's name), so a rebuild does not play them again. Every
+    search is bounded by the engine deadline of play_game's largest one (1000 nodes, MultiPV 5)."""
+    path, deadline = find_stockfish(stockfish_path), engine_deadline(chess.engine.Limit(nodes=1000), multipv=5)
     saved = os.path.join(cache_dir, f"games-{tag}-{n}.jsonl") if cache_dir else ""
     for r in read_jsonl(saved):
         if r.get("engine") == ENGINE_NAMES[path] and len(r["games"]) == n:
@@ -65,11 +67,11 @@ def play_games(tag, n, stockfish_path, workers, cache_dir=""):
             engines.put(engine)
 
     engines = queue.Queue()
-    for _ in range(workers):
-        engine = chess.engine.SimpleEngine.popen_uci(path)
-        engine.configure({"Threads": 1})
-        engines.put(engine)
-    try:
+    try:  # an engine goes into the queue as soon as it runs, so that it is closed whatever fails next
+        for _ in range(workers):
+            engine = open_engine(path, deadline)
+            engines.put(engine)
+            engine.configure({"Threads": 1})
         with ThreadPoolExecutor(workers) as pool:
             games = list(tqdm(pool.map(one, range(n)), total=n, desc=f"{tag} games", unit="game"))
     finally:

@@ -22,14 +22,15 @@ from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, MATE_PATH, Config, Parser, Switch, at_least, between
 from mini.dataset import shipped_keys
-from mini.evaluate import load_report, paired_bootstrap
+from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
 from mini.formats import env_completion, env_prompt, parse_env, policy_prompt, position_key
 from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
                         policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
 from mini.positions import play
 from mini.runtime import autocast, resolve_device
-from mini.stockfish import BLUNDER_CP, Annotator, find_stockfish
+from mini.stockfish import (BLUNDER_CP, ENGINE_NAMES, Annotator, EngineFailure, close_engine, engine_deadline,
+                            find_stockfish, open_engine)
 
 
 # ----------------------------------------------------------------------------- 1. mate in one
@@ -137,12 +138,24 @@ def stockfish_start(i):
     return ["initial", *OPENINGS][(i // 2) % (len(OPENINGS) + 1)]
 
 
+def stockfish_move(engine, path, board, nodes, game):
+    """Stockfish's move in a game (engine.play within the engine's deadline); an EngineFailure naming the engine
+    and the position when it stops answering or dies."""
+    try:
+        return engine.play(board, chess.engine.Limit(nodes=nodes), game=game).move
+    except (chess.engine.EngineError, TimeoutError) as e:
+        what = "stopped answering" if isinstance(e, TimeoutError) else f"failed ({e})"
+        raise EngineFailure(f"{ENGINE_NAMES[path]} ({path}) {what} in a game against the model, at {board.fen()}; "
+                            "point --stockfish_path at a working Stockfish") from None
+
+
 def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, max_plies=200):
     """n_games of the player against Stockfish (one thread, Skill Level skill, nodes per move) from
     stockfish_start(i), the player White in even-numbered games; the player's moves of all games waiting
     for it go in one call. Returns one dict per game: start, white (the player's colour), score (1/0.5/0
     for the player), plies (half-moves from the start), end, moves (from the start)."""
-    engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(stockfish_path))
+    path = find_stockfish(stockfish_path)
+    engine = open_engine(path, engine_deadline(chess.engine.Limit(nodes=nodes)))
     try:
         engine.configure({"Threads": 1, "Skill Level": skill})
         starts = [stockfish_start(i) for i in range(n_games)]
@@ -154,7 +167,7 @@ def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, ma
         while live:
             for i in live:  # Stockfish moves wherever it is its turn
                 if boards[i].turn != games[i]["white"]:
-                    boards[i].push(engine.play(boards[i], chess.engine.Limit(nodes=nodes), game=i).move)
+                    boards[i].push(stockfish_move(engine, path, boards[i], nodes, i))
                     end_if_over(boards[i], games[i], book[i] + max_plies)
             mine = [i for i in live if games[i]["end"] is None]
             for i, text in zip(mine, player([policy_prompt(boards[i].fen()) for i in mine]), strict=True):
@@ -164,8 +177,10 @@ def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, ma
                 else:
                     end_if_over(boards[i], games[i], book[i] + max_plies)
             live = [i for i in live if games[i]["end"] is None]
-    finally:
-        engine.quit()
+    except BaseException:
+        close_engine(engine, kill=True)
+        raise
+    close_engine(engine)
     for g, b, n in zip(games, boards, book):
         g["plies"], g["moves"] = len(b.move_stack) - n, [m.uci() for m in b.move_stack[n:]]
         del g["transitions"]
@@ -269,8 +284,12 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
     """(paired rows of evaluate.paired_bootstrap, unpaired rows (before, after, delta)) of two reports. A
     section that both reports ran must have the same items and the same SECTION_SETTINGS (those that both
     reports record: older reports lack some), else ValueError; a metric without values is left out."""
-    reports = [load_report(p, ("suite", "values", "items", "metrics"), "chess_eval.py")
-               for p in (before_json, after_json)]
+    fields = {"suite": lambda v: isinstance(v, str), "values": dict_of(list_of(lambda x: x is None or number(x))),
+              "items": dict_of(lambda v: isinstance(v, list)), "metrics": dict_of(number)}
+    reports = [load_report(p, fields, "chess_eval.py") for p in (before_json, after_json)]
+    for path, r in zip((before_json, after_json), reports):
+        if not isinstance(r.get("settings", {}), dict):  # older reports have none
+            raise ValueError(f"{path}: its 'settings' is not an object, which no chess_eval.py report holds")
     values = [r["values"] for r in reports]
     settings = [r.get("settings", {}) for r in reports]
     random_games = any(s.get("sf_skill", 0) < 20 for s in settings)
@@ -364,7 +383,7 @@ def main(argv=None):
         sampler = model_player(model, tok, a.temperature, a.top_k, a.seed, a.max_new_tokens, a.batch_size, ctx)
         t0 = time.perf_counter()
         report = run_suite(greedy, sampler, a)
-    except (LoadError, OSError, ValueError) as e:
+    except (LoadError, OSError, ValueError, EngineFailure) as e:
         sys.exit(f"chess_eval.py: {e}")
     report = {"suite": "chess", "model_path": a.model_path, "settings": vars(a),
               "total_seconds": time.perf_counter() - t0, **report}

@@ -249,6 +249,9 @@ def problems(values, checks=None):
         out.append(f"{starts[0]} needs --run_name: the run to continue")
     if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
         out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
+        out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
+                   "a file name may have; pick a shorter one")
     out += missing_files(values)
     return [p for p in out if p]
 
@@ -268,8 +271,9 @@ def missing_files(values):
     if model and model != "scratch" and looks_like_path(model) and not os.path.isdir(model):
         out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
                    "or a hub id like jrahn/RookWorld-LM-124M")
-    if v("data_file") and not os.path.isfile(v("data_file")):
-        out.append(f"--data_file {v('data_file')} does not exist")
+    missing = [path for path in (v("data_file") or "").split(",") if path and not os.path.isfile(path)]
+    if missing:
+        out.append(f"--data_file {', '.join(missing)}: no such file")
     for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):
         if v(needed_by) and not os.path.isfile(path):
             out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "

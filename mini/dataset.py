@@ -12,7 +12,8 @@ from functools import lru_cache
 import chess
 
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
-from mini.formats import PAD_WIDTHS, check_policy, env_sample, legal_ucis, parse_line, policy_sample, position_key, repad
+from mini.formats import (PAD_WIDTHS, ImpossiblePosition, check_policy, checked_board, env_sample, legal_ucis,
+                          parse_line, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
 from mini.stockfish import Annotator
 
@@ -22,9 +23,10 @@ MAX_BAD_LINES = 100  # beyond this many malformed lines a file is not RookWorld 
 
 def read_records(path, parse, skip_bad_lines=True):
     """parse(line) for each non-empty line of a data file -> (records, number of skipped lines). A bad line
-    (not UTF-8, or parse raises ValueError) is reported as file:line and skipped, up to MAX_BAD_LINES;
-    with skip_bad_lines off the first one stops. A file with no good line is an error."""
-    records, bad = [], 0
+    (not UTF-8, or parse raises ValueError) is reported as file:line and skipped, up to MAX_BAD_LINES
+    malformed ones (a well-formed line of an impossible position, which the published A: data holds, does not
+    count towards them); with skip_bad_lines off the first one stops. A file with no good line is an error."""
+    records, bad, impossible = [], 0, 0
     with open(path, "rb") as f:
         for i, raw in enumerate(f, 1):
             try:
@@ -32,21 +34,24 @@ def read_records(path, parse, skip_bad_lines=True):
                 if not line.strip():
                     continue
                 records.append(parse(line))
-            except (ValueError, KeyError, IndexError, TypeError) as e:  # UnicodeDecodeError is a ValueError
-                why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e
+            except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:  # UnicodeDecodeError: a ValueError
+                why = ("not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "JSON nested too deeply"
+                       if isinstance(e, RecursionError) else e)
                 if not skip_bad_lines:
                     raise ValueError(f"{path}:{i}: {why}") from None
-                bad += 1
+                impossible += isinstance(e, ImpossiblePosition)
+                bad += not isinstance(e, ImpossiblePosition)
                 if bad > MAX_BAD_LINES:
                     raise ValueError(f"{path}: more than {MAX_BAD_LINES} bad lines (the last at line {i}: {why}); "
                                      "is it a RookWorld data file?") from None
-                if bad <= 10:  # the first few name the problem, the count covers the rest
+                if bad + impossible <= 10:  # the first few name the problem, the counts cover the rest
                     print(f"{path}:{i}: {why}", file=sys.stderr)
-    if bad:
-        print(f"{path}: skipped {bad} malformed lines", file=sys.stderr)
+    skipped = ", ".join(f"{n} {what}" for n, what in ((bad, "malformed lines"), (impossible, "impossible positions")) if n)
+    if skipped:
+        print(f"{path}: skipped {skipped}", file=sys.stderr)
     if not records:
-        raise ValueError(f"{path} holds no sample" + (f" ({bad} malformed lines)" if bad else " (it is empty)"))
-    return records, bad
+        raise ValueError(f"{path} holds no sample" + (f" ({skipped})" if skipped else " (it is empty)"))
+    return records, bad + impossible
 
 
 def load_text(path, skip_bad_lines=True):
@@ -63,13 +68,18 @@ def load_text(path, skip_bad_lines=True):
 def annotated_sample(line):
     """A line of an annotated JSONL file -> P: sample, checked as a P: text line is (check_policy), or, for an
     A: transition record {"fen", "move", "history"} (mini/annotate.py --games), the A: sample python-chess labels;
-    None for the header record."""
+    None for the header record ({"meta": ...}); a ValueError saying what is wrong with any other line."""
     r = json.loads(line)
+    if not isinstance(r, dict):
+        raise ValueError(f"a JSON {type(r).__name__}, not a record of a position")
     if "fen" not in r:
-        return None
+        if "meta" in r:
+            return None
+        raise ValueError("the record holds no position (no \"fen\")")
     if "move" in r:
+        checked_board(r["fen"])  # as an A: text line is
         return env_sample(r["fen"], r["move"], r["history"])
-    check_policy(r["fen"], r["moves"], r["evals"])
+    check_policy(r["fen"], r.get("moves"), r.get("evals"))
     return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
 
 

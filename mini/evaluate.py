@@ -31,7 +31,7 @@ from mini.positions import history_bucket, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
-from mini.stockfish import BLUNDER_CP, find_stockfish
+from mini.stockfish import BLUNDER_CP, EngineFailure, find_stockfish
 
 BATCH_SIZE = 64
 
@@ -215,17 +215,39 @@ def paired_bootstrap(before, after, n_boot=2000, seed=0):
     return rows
 
 
-def load_report(path, keys, script):
-    """The JSON report in path, a dict with keys, as script (evaluate.py, chess_eval.py) writes it; ValueError
-    in one sentence naming the file when it is not one."""
+def number(v):
+    return type(v) in (int, float)
+
+
+def list_of(ok):
+    return lambda v: isinstance(v, list) and all(map(ok, v))
+
+
+def dict_of(ok):
+    return lambda v: isinstance(v, dict) and all(map(ok, v.values()))
+
+
+def report_sample(x):
+    """A sample of an evaluate.py report: its prompt, completion and (if any) label are strings."""
+    return isinstance(x, dict) and {"prompt", "completion"} <= set(x) and all(
+        isinstance(x[k], str) for k in ("prompt", "completion", "label") if k in x)
+
+
+def load_report(path, fields, script):
+    """The JSON report in path as script (evaluate.py, chess_eval.py) writes it: a dict holding each key of
+    fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
     how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
     try:
         with open(path, encoding="utf-8") as f:
             report = json.load(f)
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"{path} is not JSON ({e}); {how}") from None
-    if not isinstance(report, dict) or not all(k in report for k in keys):
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deeply
+        raise ValueError(f"{path} is not JSON ({str(e)[:80]}); {how}") from None
+    if not isinstance(report, dict) or not all(k in report for k in fields):
         raise ValueError(f"{path} is not {'an' if script[0] in 'aeiou' else 'a'} {script} report ({how})")
+    for key, ok in fields.items():
+        if not ok(report[key]):
+            raise ValueError(f"{path}: its {key!r} is {json.dumps(report[key])[:40]}, which no {script} report holds "
+                             f"({how})")
     return report
 
 
@@ -233,8 +255,12 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
     was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
     from the cached evals."""
-    reports = [load_report(p, ("data", "n_per_task", "shaping", "samples"), "evaluate.py")
-               for p in (before_json, after_json)]
+    fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and v > 0,
+              "shaping": lambda v: isinstance(v, str), "samples": list_of(report_sample)}
+    reports = [load_report(p, fields, "evaluate.py") for p in (before_json, after_json)]
+    for path, r in zip((before_json, after_json), reports):
+        if "pad" in r and not (type(r["pad"]) is int and r["pad"] in PAD_WIDTHS):  # older reports have none: 90
+            raise ValueError(f"{path}: its 'pad' is {json.dumps(r['pad'])[:40]}, which no evaluate.py report holds")
     if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
         raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
     if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
@@ -288,7 +314,7 @@ def main(argv=None):
             print(reason, file=sys.stderr)
         try:
             rows = compare(*args.compare, engine=engine)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {e}")
         print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
@@ -312,7 +338,10 @@ def main(argv=None):
     engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
     if reason:
         print(reason)
-    values = per_sample_values(samples, completions, args.shaping, engine)
+    try:
+        values = per_sample_values(samples, completions, args.shaping, engine)
+    except EngineFailure as e:  # --engine_quality with an engine that keeps failing
+        sys.exit(f"evaluate.py: {e}")
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():

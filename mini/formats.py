@@ -150,6 +150,8 @@ def parse_env(text):
     if len(parts) != 4:
         raise ValueError(f"expected 4 '+' fields, got {len(parts)}")
     fen, reward, terminated, truncated = parts
+    if len(fen.split()) != 6:  # python-chess also takes a bare board, whose defaults would pass for a next state
+        raise ValueError("the FEN needs its 6 fields")
     chess.Board(fen)  # ValueError on a FEN python-chess does not accept
     try:
         reward = float(reward)
@@ -182,18 +184,31 @@ def env_sample(fen, move, history):
                   next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
 
 
-def _board(fen):
+class ImpossiblePosition(ValueError):
+    """A FEN python-chess reads, of a position no game reaches (board.is_valid() is False)."""
+
+
+def checked_board(fen):
+    """The board of a FEN that python-chess accepts and calls possible (is_valid); else a ValueError naming what
+    is wrong: the FEN's syntax, or the board's status (two white kings, a pawn on the back rank, no king, the
+    side not to move in check, ...)."""
+    if not isinstance(fen, str):
+        raise ValueError(f"the FEN is {type(fen).__name__} {fen!r:.40}, not a string")
     try:
-        return chess.Board(fen)
+        board = chess.Board(fen)
     except ValueError as e:
         raise ValueError(f"bad FEN {fen[:90]!r}: {e}") from None
+    if not board.is_valid():
+        why = ", ".join(s.name.lower().replace("_", " ") for s in chess.Status if s and s in board.status())
+        raise ImpossiblePosition(f"impossible position {fen[:90]!r} ({why})")
+    return board
 
 
 def check_policy(fen, moves, evals, best=None):
     """Raises ValueError saying what is wrong with a P: label, wherever it was read from (a text line, a JSONL
-    record): a FEN python-chess does not accept, other than 1 to 5 moves or one eval per move, an illegal move,
-    a B: move (text lines have one) not among the moves."""
-    _board(fen)
+    record): a FEN python-chess does not accept or calls impossible (checked_board), other than 1 to 5 moves
+    or one eval per move, an illegal move, a B: move (text lines have one) not among the moves."""
+    checked_board(fen)
     if not isinstance(moves, list) or not 1 <= len(moves) <= 5:
         raise ValueError("needs a list of 1 to 5 moves")
     if not isinstance(evals, list) or len(evals) != len(moves):
@@ -224,7 +239,7 @@ def parse_line(text):
     if len(parts) != 7:
         raise ValueError(f"neither a P: line nor an A: line with 7 '+' fields (got {len(parts)})")
     fen, move, history = parts[0].strip(), parts[1].strip(), parts[2].split()
-    _board(fen)
+    checked_board(fen)
     own = parse_env("+".join(parts[3:]))  # a malformed label still makes a bad line
     s = env_sample(fen, move, history)
     s.relabelled = own != (s.next_fen, s.reward, s.terminated, s.truncated)

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from mini.config import MATE_PATH
 from mini.evaluate import complete_texts
-from mini.formats import UCI, legal_ucis, policy_prompt
+from mini.formats import UCI, checked_board, legal_ucis, policy_prompt
 
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
               "threefold_repetition", "fifty_moves")
@@ -64,9 +64,20 @@ def load_mates(path=MATE_PATH, n=None):
     fix = "regenerate it with python mini/chess_eval.py --build_mates"
     try:
         with open(path, encoding="utf-8") as f:
-            records = [r for r in map(json.loads, f) if "fen" in r]
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+            lines = list(enumerate(f, 1))
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8
         raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); {fix}") from None
+    records = []
+    for i, line in lines:
+        try:
+            r = json.loads(line) if line.strip() else {"meta": None}
+            if not isinstance(r, dict) or not ("fen" in r or "meta" in r):
+                raise ValueError("the line holds no position")
+            if "fen" in r:
+                checked_board(r["fen"])
+                records.append(r)
+        except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, an impossible position
+            raise ValueError(f"{path}:{i}: {e}; {fix}") from None
     if not records:  # every metric would be a mean of nothing
         raise ValueError(f"{path} holds no mate-in-one position; {fix}")
     lacking = next((r["fen"] for r in records if "mates" not in r), None)

@@ -5,6 +5,7 @@ merges.txt), from a local directory or the hub:
     model, tok = load_model("jrahn/RookWorld-LM-124M", device="cuda")
     save_model(model, tok, "logs/run/final")  # also loads with transformers.GPT2LMHeadModel
 """
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,33 @@ SNAPSHOT_FILES = ["config.json", "model.safetensors", "pytorch_model.bin", "voca
 
 class LoadError(Exception):
     """A problem the user can fix; the message says how."""
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksum(path):
+    """path.sha256 beside path: its SHA-256, written to .tmp and renamed (check_checksum verifies it)."""
+    with open(path + ".sha256.tmp", "w") as f:
+        f.write(sha256_of(path) + "\n")
+    os.replace(path + ".sha256.tmp", path + ".sha256")
+
+
+def check_checksum(path):
+    """ValueError in one sentence when path's bytes no longer match the path.sha256 beside it (a flipped bit,
+    a torn copy); a file without one (a hub snapshot, an older run's checkpoint) is not checked."""
+    try:
+        with open(path + ".sha256") as f:
+            want = f.read().strip()
+    except FileNotFoundError:
+        return
+    if sha256_of(path) != want:
+        raise ValueError(f"{path} does not match its checksum ({os.path.basename(path)}.sha256): it is damaged")
 
 
 def resolve_snapshot(name_or_path):
@@ -51,11 +79,22 @@ def read_config(path):
             hf = json.load(f)
     except (ValueError, UnicodeDecodeError):
         raise LoadError(f"{cfg_file} is damaged (not JSON); download or save the snapshot again") from None
-    try:
-        return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-                         n_positions=hf.get("n_positions", hf.get("n_ctx")), vocab_size=hf["vocab_size"])
-    except (KeyError, TypeError) as e:
-        raise LoadError(f"{cfg_file} lacks {e.args[0]!r}; it does not describe a GPT-2 model") from None
+    except RecursionError:
+        raise LoadError(f"{cfg_file} is damaged (JSON nested too deeply); download or save the snapshot again") from None
+    if not isinstance(hf, dict):
+        raise LoadError(f"{cfg_file} holds a JSON {type(hf).__name__}, not an object; it does not describe a GPT-2 model")
+    sizes = {"n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"), "n_embd": hf.get("n_embd"),
+             "n_positions": hf.get("n_positions", hf.get("n_ctx")), "vocab_size": hf.get("vocab_size")}
+    for name, value in sizes.items():
+        if name not in hf and not (name == "n_positions" and "n_ctx" in hf):
+            raise LoadError(f"{cfg_file} lacks {name!r}; it does not describe a GPT-2 model")
+        if type(value) is not int or not 1 <= value <= 10**6:
+            raise LoadError(f"{cfg_file}: {name} is {json.dumps(value):.40}, not a whole number from 1 to 1000000; "
+                            "fix it or download or save the snapshot again")
+    if sizes["n_embd"] % sizes["n_head"]:
+        raise LoadError(f"{cfg_file}: n_embd {sizes['n_embd']} is not a multiple of n_head {sizes['n_head']}; fix it "
+                        "or download or save the snapshot again")
+    return GPTConfig(**sizes)
 
 
 def read_state_dict(path):
@@ -73,6 +112,12 @@ def read_state_dict(path):
 def load_model(name_or_path, device="cpu"):
     """(GPT in eval mode with fp32 weights, Tokenizer) from a hub id or a snapshot directory."""
     path = resolve_snapshot(name_or_path)
+    for name in SNAPSHOT_FILES:
+        if os.path.exists(os.path.join(path, name)):
+            try:
+                check_checksum(os.path.join(path, name))
+            except ValueError as e:
+                raise LoadError(f"{e}; download or save the snapshot again") from None
     cfg = read_config(path)
     model = GPT(cfg)
     own = model.state_dict()
@@ -94,7 +139,10 @@ def load_model(name_or_path, device="cpu"):
     if missing:
         raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
     has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))
-    tokenizer = Tokenizer.from_dir(path) if has_vocab else Tokenizer.gpt2()
+    try:
+        tokenizer = Tokenizer.from_dir(path) if has_vocab else Tokenizer.gpt2()
+    except ValueError as e:  # damaged tokenizer files: the sentence names the file
+        raise LoadError(f"{e}; download or save the snapshot again") from None
     if tokenizer.vocab_size > cfg.vocab_size:
         raise LoadError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
     return model.to(device).eval(), tokenizer
@@ -114,10 +162,16 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     out_dir = os.path.abspath(out_dir)
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
-    tokenizer.save(tmp)
+    try:
+        save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+        tokenizer.save(tmp)
+        for name in os.listdir(tmp):  # load_model verifies them
+            write_checksum(os.path.join(tmp, name))
+    except BaseException:  # a full disk: no half-written snapshot left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)

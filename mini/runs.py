@@ -14,6 +14,7 @@ saved and loaded (Resumable), logs cut back to the resumed step, and the rollbac
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import glob
 import json
 import os
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed
 from mini.config import FIELDS, START_FLAGS, Config
+from mini.loader import check_checksum, save_model, write_checksum
 from mini.runtime import rng_state, set_rng_state
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # JSONL logs with a "step" per row, cut back on resume
@@ -52,8 +54,27 @@ class StopRun(Exception):
 
 def disk_full(path, need_bytes):
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-    return (f"disk full writing {path}: it needs about {need_bytes / 2**20:.0f} MiB and {free / 2**20:.0f} MiB are "
+    return (f"disk full writing {path}: it needs about {need_bytes / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are "
             "free there; free some space, then continue with --auto_resume (the last good checkpoint is kept)")
+
+
+def is_disk_full(e):
+    """Whether a writer's exception means the disk is full: OSError ENOSPC or EDQUOT (open, write, the lock),
+    torch.save's RuntimeError ("... unexpected pos ..."), safetensors' SafetensorError ("... os error 28")."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(s in str(e) for s in ("unexpected pos", "os error 28", "No space left on device"))
+
+
+@contextlib.contextmanager
+def disk_guard(path, need_bytes=0):
+    """A full disk met by the writes inside as one RunError sentence (disk_full); other errors pass."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e):
+            raise RunError(disk_full(path, need_bytes)) from None
+        raise
 
 
 def write_atomic(path, write, need_bytes=0):
@@ -61,14 +82,12 @@ def write_atomic(path, write, need_bytes=0):
     .tmp is removed on failure; leftovers of a kill are removed when a run starts). A full disk is a RunError."""
     tmp = path + ".tmp"
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
+        with disk_guard(path, need_bytes):
+            write(tmp)
+            os.replace(tmp, path)
+    finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise RunError(disk_full(path, need_bytes)) from None
-        raise
 
 
 def write_text(path, text):
@@ -88,13 +107,27 @@ def nbytes(x):
 
 
 def save_checkpoint(path, state):
-    """Plain tensors, numbers, strings, lists and dicts (loadable with weights_only), written atomically."""
+    """Plain tensors, numbers, strings, lists and dicts (loadable with weights_only), written atomically, with
+    its SHA-256 beside it (path.sha256), which load_checkpoint verifies. The old checksum goes first: a kill
+    between the two renames leaves a file without one (read unverified), never a good file that mismatches."""
+    remove_checkpoint(path, keep=True)
     write_atomic(path, lambda tmp: torch.save(state, tmp), nbytes(state))
+    with disk_guard(path + ".sha256", 65):
+        write_checksum(path)
+
+
+def remove_checkpoint(path, keep=False):
+    """Remove a checkpoint and its checksum (keep: the checksum only)."""
+    for f in ([] if keep else [path]) + [path + ".sha256"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f)
 
 
 def load_checkpoint(path):
     """The checkpoint's state if it is complete and its weights finite; else a ValueError saying why.
     weights_only: a checkpoint from elsewhere cannot run code."""
+    if os.path.isfile(path):
+        check_checksum(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -189,6 +222,14 @@ def checkpoint_step(path):
     return int(os.path.basename(path)[len("step_"):-len(".pt")])
 
 
+def aside_name(path, stamp):
+    """Where --overwrite moves a run: path.old-<stamp>, the run's name shortened to fit the file system's
+    255-byte names."""
+    head, name = os.path.split(path)
+    suffix = f".old-{stamp}"
+    return os.path.join(head, name.encode()[:255 - len(suffix)].decode(errors="ignore") + suffix)
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -226,10 +267,11 @@ class RunDir:
             if not overwrite:
                 raise RunError(f"{self.path} already holds a run; continue it with --auto_resume, or start afresh "
                                f"with --overwrite (the old run is moved aside, not deleted), or pick another --run_name")
-            aside = f"{self.path}.old-{time.strftime('%Y%m%d-%H%M%S')}"
-            self.take_lock()  # not while another process trains there
-            os.remove(self.lock)
-            os.rename(self.path, aside)
+            aside = aside_name(self.path, time.strftime("%Y%m%d-%H%M%S"))
+            with self.directory_locked():  # no other process takes the run between the check and the move
+                self.take_lock_unserialised()  # not while another process trains there
+                os.remove(self.lock)
+                os.rename(self.path, aside)
             print(f"moved the earlier run to {aside}", file=sys.stderr)
         self.created = not os.path.isdir(self.path)
         self.take_lock()
@@ -238,31 +280,61 @@ class RunDir:
         for tmp in glob.glob(self.file(".tmp-*")):  # loader.save_model's unfinished snapshots
             shutil.rmtree(tmp, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def directory_locked(self):
+        """The run directory, made if needed, flock-ed for the body: one process at a time checks, takes over
+        or moves the run (a rename of the directory between open and flock is noticed, and it starts over)."""
+        while True:
+            try:
+                os.makedirs(self.path, exist_ok=True)
+                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as e:
+                raise RunError(self.cannot_write(e)) from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.path.exists(self.path) and os.path.samestat(os.stat(self.path), os.fstat(fd)):
+                    yield
+                    return
+            finally:
+                os.close(fd)
+
+    def cannot_write(self, e):
+        """What an OSError of making the run directory or its lock means, in one sentence."""
+        if e.errno == errno.ENAMETOOLONG:
+            return (f"--run_name {self.name[:20]}... ({len(self.name)} characters) makes a path longer than the file "
+                    "system allows; pick a shorter --run_name")
+        return (f"cannot write the run directory {self.path} ({e.strerror}); point --log_dir at a directory you can "
+                "write to")
+
     def take_lock(self):
-        """run.lock with "pid host", created exclusively, so that of two processes starting at once only one
-        gets it; one held by a live process is refused, a stale one (its process is gone) is removed and
-        created again. The same process may take it again."""
+        """run.lock with "pid host", so that of two processes starting at once only one gets it; one held by a
+        live process is refused, a stale one (its process is gone) is replaced. Checking and replacing happen
+        under a flock of the run directory, so two processes taking over one stale lock never both get it.
+        The same process may take it again."""
+        with self.directory_locked():
+            self.take_lock_unserialised()
+
+    def take_lock_unserialised(self):
         host = socket.gethostname()
-        os.makedirs(self.path, exist_ok=True)
         if self.create_lock(host):
             return
         pid, lock_host = self.lock_owner()
         if (pid, lock_host) == (os.getpid(), host):
             return
-        if pid is None and os.path.exists(self.lock):
-            raise RunError(f"{self.lock} names no process: another one is taking {self.path} right now, or the file "
-                           "is damaged; if no run is using it, delete the lock file, else pick another --run_name")
-        if pid is not None:  # else its owner released it a moment ago
-            if lock_host != host:
-                raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
-                               "is over, delete the lock file, else pick another --run_name")
-            if pid_alive(pid):
-                raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
-                               "to end, or pick another --run_name")
-            print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
-            with contextlib.suppress(FileNotFoundError):  # another process may be taking it over too
-                os.remove(self.lock)
-        if not self.create_lock(host):
+        if pid is None:
+            if self.create_lock(host):  # its owner released it a moment ago
+                return
+            raise RunError(f"{self.lock} names no process: the file is damaged; if no run is using {self.path}, "
+                           "delete the lock file, else pick another --run_name")
+        if lock_host != host:
+            raise RunError(f"{self.path} is in use by PID {pid} on host {lock_host} ({self.lock}); if that run "
+                           "is over, delete the lock file, else pick another --run_name")
+        if pid_alive(pid):
+            raise RunError(f"{self.path} is in use by a running process, PID {pid} ({self.lock}); wait for it "
+                           "to end, or pick another --run_name")
+        print(f"taking over {self.lock} of PID {pid}, which is gone", file=sys.stderr)
+        os.remove(self.lock)
+        if not self.create_lock(host):  # only where flock does not reach: another host on a network file system
             raise RunError(f"{self.path} was taken by another process just now ({self.lock}); wait for it to end, "
                            "or pick another --run_name")
 
@@ -272,8 +344,10 @@ class RunDir:
             fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
+        except OSError as e:  # a read-only directory or file system
+            raise RunError(disk_full(self.lock, 64) if is_disk_full(e) else self.cannot_write(e)) from None
         try:
-            with os.fdopen(fd, "w") as f:
+            with disk_guard(self.lock, 64), os.fdopen(fd, "w") as f:
                 f.write(f"{os.getpid()} {host}\n")
         except BaseException:  # a full disk: an empty lock would refuse every later start
             os.remove(self.lock)
@@ -295,7 +369,7 @@ class RunDir:
         remove the directory if this start made it and left nothing."""
         if self.lock_owner() == (os.getpid(), socket.gethostname()):
             os.remove(self.lock)
-        if failed and self.created and not any(files for _, _, files in os.walk(self.path)):
+        if failed and self.created and os.path.isdir(self.path) and not any(files for _, _, files in os.walk(self.path)):
             shutil.rmtree(self.path)
 
     def saved_config(self):
@@ -312,13 +386,13 @@ class RunDir:
     # --- logs
     def log(self, line):
         tqdm.write(line)  # above the progress bar, if there is one
-        with open(self.file("train.log"), "a") as f:
+        with disk_guard(self.file("train.log"), len(line) + 1), open(self.file("train.log"), "a") as f:
             f.write(line + "\n")
 
     def append_jsonl(self, name, rows):
-        with open(self.file(name), "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        with disk_guard(self.file(name), len(text)), open(self.file(name), "a") as f:
+            f.write(text)
 
     def cut_back(self, step):
         """The run goes on from `step` (a resume, a rollback): drop what it did after that step, which it will
@@ -327,7 +401,7 @@ class RunDir:
         keep them over the ones written next."""
         for path in glob.glob(self.checkpoint("step_*.pt")):
             if checkpoint_step(path) > step:
-                os.remove(path)
+                remove_checkpoint(path)
         for name in STEP_LOGS:
             path = self.file(name)
             if os.path.exists(path):
@@ -339,6 +413,11 @@ class RunDir:
 
     def save_config(self, cfg):
         write_text(self.file("config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
+
+    def save_final(self, model, tok):
+        """The model's snapshot in final/ (loadable with transformers); its path."""
+        with disk_guard(self.file("final"), 4 * model.num_params()):  # fp32 weights
+            return save_model(model, tok, self.file("final"))
 
     # --- checkpoints
     def save(self, name, state):
@@ -352,7 +431,7 @@ class RunDir:
         regular = sorted(glob.glob(self.checkpoint("step_*.pt")), key=checkpoint_step)
         regular.remove(self.checkpoint(name))
         for old in (regular + [self.checkpoint(name)])[:-keep_last] if keep_last > 0 else []:
-            os.remove(old)
+            remove_checkpoint(old)
 
     def latest_valid_checkpoint(self):
         """(path, state) of the valid checkpoint with the highest step among regular, stable and
@@ -519,8 +598,9 @@ class Resumable:
 
     def announce_stop(self, name):
         if self.main:
-            print(f"\n{name}: finishing step {self.step + 1}, then saving a checkpoint (again to quit at once)",
-                  file=sys.stderr, flush=True)
+            then = (f"finishing step {self.step + 1}, then saving a checkpoint" if self.step + 1 < self.cfg.steps else
+                    "finishing the last step and writing the final model")  # the run ends anyway
+            print(f"\n{name}: {then} (again to quit at once)", file=sys.stderr, flush=True)
 
     def stop_for_signal(self, name):
         """After the step a signal interrupted (`name`; None when it reached another rank): a checkpoint, then StopRun."""

@@ -38,11 +38,12 @@ from tqdm.auto import tqdm
 from mini.config import parse_args
 from mini.dataset import ReplayBuffer, make_source
 from mini.positions import iter_positions
-from mini.loader import LoadError, load_model, save_model
+from mini.loader import LoadError, load_model
 from mini.model import GPT, GPTConfig
 from mini.report import make_reporter
 from mini.runs import RunDir, RunError, StopSignals
 from mini.runtime import autocast, lr_factor, resolve_device
+from mini.stockfish import EngineFailure
 from mini.tokenizer import Tokenizer
 
 LOG_EVERY = 10
@@ -110,7 +111,7 @@ def main(argv=None):
         return 1
     try:
         return train_sft(cfg, run)
-    except (LoadError, ValueError, OSError, RunError) as e:  # no snapshot, a bad data file, a full disk
+    except (LoadError, ValueError, OSError, RunError, EngineFailure) as e:  # no snapshot, a bad data file, a full disk
         run.release(failed=True)
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -191,8 +192,7 @@ def train_sft(cfg, run):
             data.source.close()
     if stop.name:
         log(f"{stop.name}: saving the snapshot at step {step}...")
-    final = save_model(model, tok, run.file("final"))
-    log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {final}")
+    log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {run.save_final(model, tok)}")
     log_file.close()
     return 0
 

@@ -1,7 +1,9 @@
 """Stockfish, the one place every engine call goes through: finding the binary, score conventions
 (to_cp, to_pawns, cp_loss), the JSONL caches, and Annotator (MultiPV labels for P:, the eval after a move,
-centipawn losses) over a pool of engine processes with restart after a crash.
+centipawn losses) over a pool of engine processes, with a deadline per call and restart after a crash or a
+timeout (Annotator._with_engine).
 """
+import contextlib
 import json
 import os
 import queue
@@ -20,6 +22,37 @@ CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much mor
 BLUNDER_CP = 200  # a move that loses this much is a blunder (chess_eval.py, evaluate.py)
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
 MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
+ENGINE_GRACE_S = 10.0  # what an engine call may take beyond its search: a busy machine
+HANDSHAKE_S = 10.0  # for an engine to start and answer `uci`
+ENGINE_TRIES = 3  # a stuck or dying engine is restarted this many times less one, then the run stops
+
+
+class EngineFailure(RuntimeError):
+    """An engine that stopped answering or died ENGINE_TRIES times on one position; the message names both."""
+
+
+def engine_deadline(limit, multipv=1):
+    """Seconds an engine call at `limit` may take before the engine counts as stuck: ENGINE_GRACE_S plus 20
+    times a generous guess of the search (the time itself; 100k nodes a second; 1 ms x 1.6^depth, about
+    0.1 s at depth 10 and 12 s at depth 20 on one busy core), times the MultiPV lines."""
+    guess = limit.time or (limit.nodes / 1e5 if limit.nodes else 1e-3 * 1.6 ** min(limit.depth or 0, 40))
+    return ENGINE_GRACE_S + 20 * guess * multipv
+
+
+class DeadlineEngine(chess.engine.SimpleEngine):
+    """SimpleEngine whose every call, searches at a depth or node limit included (python-chess bounds only
+    timed ones), raises TimeoutError after `timeout` seconds."""
+
+    def _timeout_for(self, limit):
+        return self.timeout
+
+
+def open_engine(path, deadline):
+    """A started DeadlineEngine: HANDSHAKE_S (or the deadline, if longer) for its handshake, then `deadline` for
+    every call."""
+    engine = DeadlineEngine.popen_uci(path, timeout=max(deadline, HANDSHAKE_S))
+    engine.timeout = deadline
+    return engine
 
 
 def find_stockfish(path=""):
@@ -33,14 +66,21 @@ def find_stockfish(path=""):
                                 "or point --stockfish_path at the binary.")
     if found not in ENGINE_NAMES:
         try:
-            out = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        if "uciok" not in out:
+            done = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=HANDSHAKE_S)
+        except subprocess.TimeoutExpired:  # run() kills and reaps it
+            raise FileNotFoundError(f"{found} did not answer `uci` within {HANDSHAKE_S:.0f} s; point "
+                                    "--stockfish_path at a working Stockfish binary") from None
+        except OSError as e:
+            raise FileNotFoundError(f"{found} cannot be started ({e.strerror}); point --stockfish_path at the "
+                                    "Stockfish binary") from None
+        if done.returncode < 0 and "uciok" not in done.stdout:  # killed while it answered: not a verdict on it
+            raise FileNotFoundError(f"{found} was killed by signal {-done.returncode} during its `uci` handshake; "
+                                    "run again, or point --stockfish_path at a working Stockfish binary")
+        if "uciok" not in done.stdout:
             raise FileNotFoundError(f"{found} is not a UCI chess engine (it did not answer `uci` with `uciok`); "
                                     "point --stockfish_path at the Stockfish binary")
-        ENGINE_NAMES[found] = next((line[8:].strip() for line in out.splitlines() if line.startswith("id name ")),
-                                   "unnamed engine")
+        ENGINE_NAMES[found] = next((line[8:].strip() for line in done.stdout.splitlines()
+                                    if line.startswith("id name ")), "unnamed engine")
     return found
 
 
@@ -89,12 +129,25 @@ def append_jsonl(path, records):
             f.flush()
 
 
-def close_engine(engine):
+def close_engine(engine, kill=False):
+    """Stop an engine process and its thread: `quit` (bounded by the engine's deadline) unless kill, then
+    close, which kills the process if it is still there; never raises, so that no engine is left behind."""
+    if engine is None:
+        return
     try:
-        if engine:
+        if not kill:
             engine.quit()
-    except (chess.engine.EngineError, CancelledError):  # already dead
+    except Exception:  # dead, stuck (quit timed out) or already closed
+        pass
+    finally:
+        if kill:  # a search cut off by a timeout would make python-chess fail as the process ends, and never stop
+            with contextlib.suppress(RuntimeError):  # the engine's thread: drop it first (its loop may be gone)
+                engine.protocol.loop.call_soon_threadsafe(_forget_commands, engine.protocol)
         engine.close()
+
+
+def _forget_commands(protocol):
+    protocol.command = protocol.next_command = None
 
 
 class Annotator:
@@ -121,10 +174,15 @@ class Annotator:
         self._read_move_cache()
         self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
         self.driver = None  # the background thread of submit(), started on first use
+        self.deadline, self.failed = engine_deadline(self.limit, multipv), None
 
     def _start(self):
-        engine = chess.engine.SimpleEngine.popen_uci(self.path)
-        engine.configure({"Threads": 1})  # parallelism comes from processes; one thread is deterministic
+        engine = open_engine(self.path, self.deadline)
+        try:
+            engine.configure({"Threads": 1})  # parallelism comes from processes; one thread is deterministic
+        except BaseException:
+            close_engine(engine, kill=True)
+            raise
         return engine
 
     def _search(self, engine, fen):
@@ -136,17 +194,25 @@ class Annotator:
         return [i["pv"][0].uci() for i in infos], [to_pawns(i["score"]) for i in infos]
 
     def _with_engine(self, work, fen):
-        """work(engine) on an idle engine of the pool: the one engine-call path of every analysis."""
+        """work(engine) on an idle engine of the pool: the one engine-call path of every analysis. An engine
+        that dies or exceeds its deadline is killed and restarted; after ENGINE_TRIES failures on one position
+        an EngineFailure names the engine and the position, and every later call fails at once with it."""
         engine = self.idle.get()
         try:
-            for _ in range(3):
+            for _ in range(ENGINE_TRIES):
+                if self.failed:
+                    raise self.failed
                 try:
                     engine = engine or self._start()
                     return work(engine)
-                except (chess.engine.EngineError, CancelledError):  # the process died: restart it and try again
-                    close_engine(engine)
-                    engine = None
-            raise RuntimeError(f"Stockfish failed 3 times on {fen}")
+                except (chess.engine.EngineError, CancelledError, TimeoutError) as e:
+                    close_engine(engine, kill=True)
+                    engine, why = None, ("stopped answering" if isinstance(e, TimeoutError) else "died"
+                                         if isinstance(e, chess.engine.EngineTerminatedError) else f"failed ({e})")
+            self.failed = EngineFailure(
+                f"{self.engine} ({self.path}) {why} {ENGINE_TRIES} times on {fen} (deadline {self.deadline:.3g} s a "
+                "call); check the engine with that position, or point --stockfish_path at a working Stockfish")
+            raise self.failed
         finally:
             self.idle.put(engine)
 
@@ -190,7 +256,7 @@ class Annotator:
         return out
 
     def _eval_after(self, fen, move):
-        """(cp for the mover after `move`, engine seconds); None for a position the engine rejects."""
+        """(cp for the mover after `move`, engine seconds); None when the search gives no score."""
         board = chess.Board(fen)
         board.push_uci(move)
         if board.is_checkmate():  # the engine has nothing to search: score the mate in 1 directly
@@ -201,7 +267,7 @@ class Annotator:
         try:  # a new game each time clears the hash, so a result depends on the position only
             info = self._with_engine(lambda engine: engine.analyse(board, self.limit, game=object()), fen)
             return -to_cp(info["score"]), time.perf_counter() - t0  # the engine scores for the opponent
-        except (RuntimeError, chess.engine.EngineError, KeyError):  # crashed 3 times, or no score
+        except KeyError:  # no score
             return None, time.perf_counter() - t0
 
     def _read_move_cache(self):
@@ -227,7 +293,8 @@ class Annotator:
         """{(fen, move): eval in centipawns (to_cp) for the side that played `move`, after it} for legal moves
         of valid positions, searched at this Annotator's limit; distinct pairs are searched once, in parallel,
         and cached in memory and in move_cache_path. A position python-chess calls invalid (Stockfish may crash
-        on it) or one the engine fails on maps to None, is counted in stats["rejected"] and not cached."""
+        on it) maps to None, is counted in stats["rejected"] and not cached; an engine that keeps failing is an
+        EngineFailure (_with_engine)."""
         self._read_move_cache()
         todo, out = [], {}
         for pair in dict.fromkeys(pairs):
@@ -282,7 +349,7 @@ class Annotator:
         if self.driver is not None:
             self.driver.shutdown(wait=True, cancel_futures=True)  # the chunk being searched finishes (and is cached)
         while not self.idle.empty():
-            close_engine(self.idle.get())
+            close_engine(self.idle.get(), kill=self.failed is not None)
 
     def __enter__(self):
         return self

@@ -15,14 +15,15 @@ import mini.bench as bench
 import mini.evaluate as evaluate
 import mini.sft as sft
 import mini.train as train
-from mini.config import Config, parse_args
+from mini.config import POOL_PATH, Config, parse_args
 from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 
 BAD = [
     (["--lr", "-1e-5"], "--lr -1e-05 must be above 0"),  # a negative number is a value, not a flag
     (["--model_path", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),  # before loading
-    (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt does not exist"),
+    (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt: no such file"),
+    (["--data_source", "file", "--data_file", f"{POOL_PATH},/none.jsonl"], "--data_file /none.jsonl: no such file"),
     (["--k_samples", "1"], "--k_samples 1 must be at least 2"),
     (["--k_samples", "0"], "--k_samples 0 must be at least 2"),
     (["--batch_size", "0"], "--batch_size 0 must be at least 1"),

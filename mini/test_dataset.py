@@ -98,7 +98,8 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
     bad = [({"fen": "not a fen", "moves": ["e2e4"], "evals": [0.1]}, "bad FEN"),
            ({"fen": START, "moves": ["e2e5", "d2d4"], "evals": [0.3, 0.2]}, "move e2e5 is illegal"),
            ({"fen": START, "moves": ["e2e4", "d2d4", "g1f3"], "evals": [0.3]}, "3 moves need 3 evals"),
-           ({"fen": "8/8/8/8/8/8/8/8 w - - 0 1", "moves": ["e2e4"], "evals": [0.1]}, "move e2e4 is illegal"),  # no pieces
+           ({"fen": "8/8/8/8/8/8/8/8 w - - 0 1", "moves": ["e2e4"], "evals": [0.1]},
+            "impossible position '8/8/8/8/8/8/8/8 w - - 0 1' (no white king, no black king, empty)"),  # no pieces
            ({"fen": START, "moves": ["e2e4", "d2d4", "g1f3", "b1c3", "c2c4", "g2g3"], "evals": [0.0] * 6}, "1 to 5 moves"),
            ({"fen": START, "moves": [], "evals": []}, "1 to 5 moves")]
     path = tmp_path / "positions.jsonl"

@@ -14,7 +14,7 @@ from mini.config import Config
 from mini.formats import parse_line, policy_completion, policy_sample
 from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engine_reward, group_chunks, move_quality,
                                 move_score, score, score_batch, score_chunk, win_prob)
-from mini.stockfish import Annotator, find_stockfish
+from mini.stockfish import Annotator, EngineFailure, find_stockfish
 from mini.test_formats import P_LINES
 
 try:
@@ -194,11 +194,11 @@ def test_rejected_positions_keep_the_labels_score(monkeypatch):
     ann = spec.annotator()
 
     def crash(work, fen):
-        raise RuntimeError(f"Stockfish failed 3 times on {fen}")
+        raise EngineFailure(f"Stockfish died 3 times on {fen}")
     monkeypatch.setattr(ann, "_with_engine", crash)
-    c = answer(EQUAL, "h2h4")
-    got, counters = score_chunk([EQUAL], [c], engine=spec)
-    assert got == [score(EQUAL, c)] and counters["rejected"] == 1 and (EQUAL.fen, "h2h4") not in ann.move_cache
+    with pytest.raises(EngineFailure):  # an engine that keeps failing stops the run (mini/test_faults.py)
+        score_chunk([EQUAL], [answer(EQUAL, "h2h4")], engine=spec)
+    assert (EQUAL.fen, "h2h4") not in ann.move_cache
 
 
 @needs_stockfish

@@ -16,8 +16,10 @@ P_LINES = [
 ]
 A_LINES = [
     "A: r1bk3r/2p2ppp/2P1p2N/ppb1P3/8/B2B1N2/PPP2PPP/3RK2R w K - 1 18+a3c5+b7b5 a1d1 g8h6 e4d6 e8e7 d6f5 e7d8 f5h6 f8c5 a3c5+r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18+0.001+0+0",
-    "A: 8/8/6N1/3B4/7Q/4B2P/Pp3K1P/5R2 b - - 0 48+b2b1n+f7f8 b5b4 f8f7 h5h4 g3f2 b4b3 f7e7 b3b2 e7h4 b2b1n+8/8/6N1/3B4/7Q/4B2P/P4K1P/1n3R2 w - - 0 49+0.001+0+0",
+    # a published line whose position has no black king (the generator's pseudo-legal play took it), given one on e8
+    "A: 4k3/8/6N1/3B4/7Q/4B2P/Pp3K1P/5R2 b - - 0 48+b2b1n+f7f8 b5b4 f8f7 h5h4 g3f2 b4b3 f7e7 b3b2 e7h4 b2b1n+4k3/8/6N1/3B4/7Q/4B2P/P4K1P/1n3R2 w - - 0 49+0.001+0+0",
 ]
+KINGLESS_A_LINE = A_LINES[1].replace("4k3/", "8/")  # as published: impossible, so never a training prompt
 TOK = Tokenizer.gpt2()
 
 
@@ -33,7 +35,9 @@ def test_formats_lines_parse():
     assert s.completion.startswith(" M: a4a3") and s.completion.endswith("B: h7f6")
     a = parse_line(A_LINES[1])
     assert (a.task, a.move, a.history[-1], len(a.history)) == ("A", "b2b1n", "b2b1n", 10)
-    assert (a.next_fen, a.reward, a.terminated, a.truncated) == ("8/8/6N1/3B4/7Q/4B2P/P4K1P/1n3R2 w - - 0 49", 0.001, 0, 0)
+    assert (a.next_fen, a.reward, a.terminated, a.truncated) == ("4k3/8/6N1/3B4/7Q/4B2P/P4K1P/1n3R2 w - - 0 49", 0.001, 0, 0)
+    with pytest.raises(ValueError, match="^impossible position '8/8/6N1/3B4/7Q/4B2P/Pp3K1P/5R2 b - - 0 48' .no black king.$"):
+        parse_line(KINGLESS_A_LINE)
     assert parse_line(A_LINES[0][3:]).prompt == parse_line(A_LINES[0]).prompt  # hub rows lack the prefix
     for line in A_LINES:  # the A: lines agree with python-chess ground truth
         s = parse_line(line)

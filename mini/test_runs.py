@@ -179,7 +179,8 @@ def test_a_resumed_run_goes_on_from_its_own_latest_step(tiny, tmp_path, two_step
     assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3, 4]
     step3 = b / "checkpoints" / "step_000003.pt"
     assert train.main(args(tiny, tmp_path, "b", 3, "--resume_from_checkpoint", str(step3))) == 0  # back to step 3
-    assert sorted(os.listdir(b / "checkpoints")) == ["recovery.pt", "step_000003.pt"]
+    assert sorted(os.listdir(b / "checkpoints")) == ["recovery.pt", "recovery.pt.sha256", "step_000003.pt",
+                                                     "step_000003.pt.sha256"]
     assert RunDir(str(tmp_path), "b").latest_valid_checkpoint()[1]["step"] == 3
     assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3]
 
@@ -188,9 +189,10 @@ def test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
     run = RunDir(str(tmp_path), "p")
     for step in (999_998, 999_999, 1_000_000):  # a seventh digit sorts first by name
         run.save_regular({"step": step}, keep_last=2)
-    assert sorted(os.listdir(run.ckpt_dir)) == ["step_1000000.pt", "step_999999.pt"]
+    assert sorted(os.listdir(run.ckpt_dir)) == ["step_1000000.pt", "step_1000000.pt.sha256", "step_999999.pt",
+                                                "step_999999.pt.sha256"]
     run.save_regular({"step": 5}, keep_last=1)  # later ones, whatever left them, never push out the new one
-    assert os.listdir(run.ckpt_dir) == ["step_000005.pt"]
+    assert sorted(os.listdir(run.ckpt_dir)) == ["step_000005.pt", "step_000005.pt.sha256"]
 
 
 def test_a_damaged_recovery_checkpoint_is_written_again_or_stops_the_rollback(tiny, tmp_path, two_steps, monkeypatch,
@@ -207,7 +209,8 @@ def test_a_damaged_recovery_checkpoint_is_written_again_or_stops_the_rollback(ti
         recovery.write_bytes(b"garbage")
     monkeypatch.setattr(train.Trainer, "finish_step", finish_then_damage)
     err = fails_with(capsys, args(tiny, tmp_path, "r", 4, "--auto_resume"),
-                     f"non-finite loss or gradient at step 3, and the rollback failed: {recovery} cannot be read")
+                     f"non-finite loss or gradient at step 3, and the rollback failed: {recovery} does not match its "
+                     "checksum")
     assert "non-finite loss or gradient: rolled back to step 2" in (two_steps / "train.log").read_text()
     assert "continue from the last good checkpoint with --auto_resume" in err
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
@@ -234,7 +237,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint(tiny, tmp_path, monkeypatch,
     err = fails_with(capsys, args(tiny, tmp_path, "full", 4), "disk full writing")
     assert "MiB are free there; free some space, then continue with --auto_resume" in err
     ckpts = tmp_path / "full" / "checkpoints"
-    assert sorted(os.listdir(ckpts)) == ["recovery.pt"] and load_checkpoint(str(ckpts / "recovery.pt"))["step"] == 0
+    assert sorted(os.listdir(ckpts)) == ["recovery.pt", "recovery.pt.sha256"] and load_checkpoint(str(ckpts / "recovery.pt"))["step"] == 0
 
 
 def test_a_failed_start_leaves_no_directory(tiny, tmp_path, capsys):

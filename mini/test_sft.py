@@ -114,8 +114,9 @@ def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
     assert "already holds a run" in capsys.readouterr().err and (tmp_path / "t" / "sft.log").read_text() == log
     assert sft.main(argv + ["--overwrite"]) == 0
     assert [open(p).read() for p in glob.glob(str(tmp_path / "t.old-*" / "sft.log"))] == [log]
-    assert sft.main(argv[:-4] + ["--run_name", "u", "--model_path", str(tmp_path / "none")]) == 1
-    assert not (tmp_path / "u").exists()  # a failed start leaves nothing behind
+    with pytest.raises(SystemExit) as stop:  # a missing snapshot is found before anything starts
+        sft.main(argv[:-4] + ["--run_name", "u", "--model_path", str(tmp_path / "none")])
+    assert stop.value.code == 2 and not (tmp_path / "u").exists()  # a failed start leaves nothing behind
 
 
 def test_sft_data_never_holds_an_eval_position(tmp_path):

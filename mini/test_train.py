@@ -195,7 +195,7 @@ def test_a_short_run_writes_everything(tiny, tmp_path):
     assert json.loads((run / "config.json").read_text())["steps"] == 6
     assert {"recovery.pt", "stable.pt", "step_000006.pt"} <= set(os.listdir(run / "checkpoints"))
     assert sorted(f for f in os.listdir(run / "checkpoints") if f.startswith("step_")) == [
-        "step_000004.pt", "step_000006.pt"]  # keep_last
+        "step_000004.pt", "step_000004.pt.sha256", "step_000006.pt", "step_000006.pt.sha256"]  # keep_last
     model, _ = load_model(str(run / "final"))
     start, _ = load_model(tiny)
     assert not torch.equal(model.transformer.wte.weight, start.transformer.wte.weight)  # it trained
@@ -411,7 +411,7 @@ def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert "exceeds --kl_threshold 1e-12 at step 2" in capsys.readouterr().err
     # step 1 has KL 0 (the policy is the reference), step 2 does not: the run stops right there, saved
     assert [m["step"] for m in read_jsonl(tmp_path / "kl" / "metrics.jsonl")] == [1, 2]
-    saved = [f for f in os.listdir(tmp_path / "kl" / "checkpoints") if f.startswith("step_")]
+    saved = [f for f in os.listdir(tmp_path / "kl" / "checkpoints") if f.startswith("step_") and f.endswith(".pt")]
     assert saved == ["step_000002.pt"]
 
 
@@ -433,7 +433,7 @@ def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
     assert proc.returncode == 1 and f"{name}: finishing step" in err and "saved; resume with: python mini/train.py" in err
     assert "Traceback" not in err
     assert f"{name}: saving checkpoint at step" in (tmp_path / "sig" / "train.log").read_text()
-    saved = [f for f in os.listdir(tmp_path / "sig" / "checkpoints") if f.startswith("step_")]
+    saved = [f for f in os.listdir(tmp_path / "sig" / "checkpoints") if f.startswith("step_") and f.endswith(".pt")]
     assert len(saved) == 1 and load_checkpoint(str(tmp_path / "sig" / "checkpoints" / saved[0]))["step"] >= 1
     assert not (tmp_path / "sig" / "run.lock").exists()
 
@@ -463,7 +463,8 @@ def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(tiny, tmp_path):
     ckpts = tmp_path / "twice" / "checkpoints"
     assert not [f for f in os.listdir(ckpts) if f.endswith(".tmp")]  # an interrupted write removes its .tmp
     for f in os.listdir(ckpts):
-        load_checkpoint(str(ckpts / f))  # every checkpoint is whole
+        if f.endswith(".pt"):
+            load_checkpoint(str(ckpts / f))  # every checkpoint is whole, and matches its checksum
 
 
 class Terminal(io.StringIO):

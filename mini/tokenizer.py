@@ -73,25 +73,33 @@ class Tokenizer:
     def from_dir(cls, path):
         """Build from a snapshot directory holding vocab.json (+ merges.txt) or tokenizer.json."""
         vocab_file, tok_file = os.path.join(path, "vocab.json"), os.path.join(path, "tokenizer.json")
-        if os.path.exists(vocab_file):
-            with open(vocab_file, encoding="utf-8") as f:
-                vocab = json.load(f)
-        elif os.path.exists(tok_file):
-            with open(tok_file, encoding="utf-8") as f:
-                vocab = json.load(f)["model"]["vocab"]
-        else:
+        source = vocab_file if os.path.exists(vocab_file) else tok_file
+        if not os.path.exists(source):
             raise FileNotFoundError(f"{path} has no vocab.json or tokenizer.json; copy the GPT-2 tokenizer files there "
                                     "or save the snapshot with mini.loader.save_model")
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
-        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok != EOS}
+        try:  # a damaged file is a ValueError naming it, whatever python met in it
+            with open(source, encoding="utf-8") as f:
+                vocab = json.load(f)
+            vocab = vocab if source == vocab_file else vocab["model"]["vocab"]
+            ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok != EOS}
+            if not all(type(i) is int for i in vocab.values()) or sorted(ranks.values()) != list(range(len(ranks))):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError: a ValueError
+            raise ValueError(f"{source} is damaged: not a GPT-2 vocabulary (a JSON object of byte-level tokens and "
+                             "the ids 0, 1, 2, ...)") from None
         merges_file = os.path.join(path, "merges.txt")
         if os.path.exists(merges_file):  # ids-as-ranks is exact only if merge i made token 256 + i
-            with open(merges_file, encoding="utf-8") as f:
-                merges = [line.split() for line in f if line.strip() and not line.startswith("#version")]
-            for i, (a, b) in enumerate(merges):
-                if vocab.get(a + b) != 256 + i:
-                    raise ValueError(f"{merges_file}: merge {i} ({a} {b}) does not create token {256 + i}; "
-                                     "only GPT-2-style vocabularies (ids in merge order) are supported")
+            try:
+                with open(merges_file, encoding="utf-8") as f:
+                    merges = [line.split() for line in f if line.strip() and not line.startswith("#version")]
+            except ValueError:  # not UTF-8
+                raise ValueError(f"{merges_file} is damaged (not UTF-8 text)") from None
+            for i, merge in enumerate(merges):
+                if vocab.get("".join(merge)) != 256 + i:
+                    raise ValueError(f"{merges_file}: merge {i} ({' '.join(merge)[:40]}) does not create token "
+                                     f"{256 + i}; the file is damaged, or not of a GPT-2-style vocabulary (ids in "
+                                     "merge order), the only kind supported")
         return cls(ranks)
 
     def save(self, out_dir):

@@ -10,8 +10,9 @@ update -> log. Trainer.run is the loop around it; checkpoints, resume and rollba
 """
 import contextlib
 import dataclasses
-import errno
 import math
+import os
+import signal
 import sys
 import time
 
@@ -25,15 +26,16 @@ from mini.config import parse_args
 from mini.dataset import ReplayBuffer, make_source
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
-from mini.loader import LoadError, load_model, save_model
+from mini.loader import LoadError, load_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
 from mini.rollout import GlobalBatch, InformativeGroups, Rollout
-from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, given_flags, resume_config,
-                       saved_settings)
+from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, disk_full, given_flags,
+                       is_disk_full, resume_config, saved_settings)
 from mini.runtime import PhaseTimer, autocast, lr_factor, peak_memory_mb, resolve_device, seed_everything
 from mini.sampler import generate
 from mini.selfplay import SelfPlaySource
+from mini.stockfish import EngineFailure
 
 
 class PolicyHead(torch.nn.Module):
@@ -79,10 +81,10 @@ class Trainer(Resumable):
         seed_everything(cfg.seed + self.rank)  # ranks sample different completions; rank 0 is a plain run's
         self.local_batch = cfg.batch_size // self.world  # config.problems checked that it divides
         self.run_dir = RunDir(cfg.log_dir, distributed.from_main(cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")))
-        self.on_main(lambda: self.run_dir.claim(
-            resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
         self.log = self.run_dir.log if self.main else (lambda line: None)
         try:
+            self.on_main(lambda: self.run_dir.claim(
+                resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
             self.setup()
         except BaseException:
             if self.main:
@@ -352,7 +354,7 @@ class Trainer(Resumable):
                     if distributed.any_rank(stop.name) and self.step < cfg.steps:  # else save as usual
                         self.stop_for_signal(stop.name)
             self.save_regular()
-            self.on_main(lambda: self.log(f"Done: final model in {save_model(self.model, self.tok, self.run_dir.file('final'))}"))
+            self.on_main(lambda: self.log(f"Done: final model in {self.run_dir.save_final(self.model, self.tok)}"))
             finished = True
         finally:
             for part in (self.scorer, self.reporter, self.source, self.selfplay):
@@ -396,27 +398,32 @@ def main(argv=None):
     def say(line):  # under torchrun every rank stops with the same message: rank 0 prints it
         if distributed.is_main():
             print(line, file=sys.stderr)
+    # until the loop takes SIGTERM over, it stops the start-up as Ctrl-C does: no run directory is left half-made
+    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: signal.default_int_handler(signum, frame))
     try:
         saved, source = saved_settings(cfg)
         if saved is not None:
             cfg, changed = resume_config(cfg, given_flags(argv), saved, source)
         Trainer(cfg).run(changed)
-    except (LoadError, RunError) as e:
+    except (LoadError, RunError, EngineFailure) as e:
         say(f"error: {e}")
         return 1
     except StopRun as e:
         say(str(e))
         return 1
     except KeyboardInterrupt:
-        say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
+        if not (cfg.run_name and os.path.exists(RunDir(cfg.log_dir, cfg.run_name).file("config.json"))):
+            say("\nquit while the run was starting; nothing of it was saved: start it again")
+        else:
+            say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
         return 130
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
+    except Exception as e:  # a write outside disk_guard
+        if not is_disk_full(e):
             raise
-        say(f"error: disk full writing {e.filename or cfg.log_dir}; free some space, then continue with --auto_resume "
-            "(the last good checkpoint is kept)")
+        say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
         return 1
     finally:
+        signal.signal(signal.SIGTERM, sigterm)
         distributed.cleanup()
     return 0
 

@@ -1,0 +1,128 @@
+"""Caches keyed by every setting that changes their content, and the run lock's view of a process.
+
+Annotator's position cache (MultiPV labels) is keyed by FEN, limit (depth, nodes or time), MultiPV and engine
+version; its move cache (evals after a move) by FEN, move, limit and engine version. A record that differs from
+this Annotator's settings in any one of them is a miss: a planted record with a value no search gives (moves
+["a2a3"] and eval 9.99 for the starting position, 12345 cp after e2e4) comes back only where every key agrees.
+
+    python mini/test_caches.py
+"""
+import os
+import socket
+
+import chess
+import pytest
+
+import mini.runs as runs
+from mini.stockfish import ENGINE_NAMES, Annotator, append_jsonl
+from mini.reward_scorer import EngineReward, close_engines
+from mini.selfplay import SelfPlaySource
+from mini.test_selfplay import STOCKFISH, needs_stockfish
+
+START = chess.STARTING_FEN
+PLANTED = (["a2a3"], [9.99])
+
+
+def label_record(**kw):
+    return {"fen": START, "limit": "depth=2", "multipv": 5, "engine": ENGINE_NAMES[STOCKFISH], "moves": ["a2a3"],
+            "evals": [9.99], **kw}
+
+
+def move_record(**kw):
+    return {"fen": START, "move": "e2e4", "limit": "depth=2", "engine": ENGINE_NAMES[STOCKFISH], "cp": 12345, **kw}
+
+
+@needs_stockfish
+@pytest.mark.parametrize("settings, record, hit", [
+    (dict(depth=2), {}, True),
+    (dict(depth=3), {}, False),                                  # depth
+    (dict(depth=2), dict(engine="Stockfish 11"), False),         # engine version
+    (dict(depth=2, multipv=1), {}, False),                       # MultiPV
+    (dict(depth=2, nodes=500), {}, False),                       # nodes instead of a depth
+    (dict(depth=2, nodes=500), dict(limit="nodes=500"), True),
+    (dict(depth=2, nodes=600), dict(limit="nodes=500"), False),  # other nodes
+])
+def test_a_label_is_reused_only_under_the_same_settings(tmp_path, settings, record, hit):
+    cache = str(tmp_path / "labels.jsonl")
+    append_jsonl(cache, [label_record(**record)])
+    with Annotator(workers=1, cache_path=cache, **settings) as ann:
+        got = ann.annotate([START])[START]
+        assert (got == PLANTED) is hit
+        if not hit:  # searched: legal moves, and the new label is cached under this Annotator's key
+            assert set(got[0]) <= {m.uci() for m in chess.Board().legal_moves}
+    with Annotator(workers=1, cache_path=cache, **settings) as again:
+        assert again.cache[START] == got
+
+
+@needs_stockfish
+@pytest.mark.parametrize("settings, record, hit", [
+    (dict(depth=2), {}, True),
+    (dict(depth=3), {}, False),
+    (dict(depth=2), dict(engine="Stockfish 11"), False),
+    (dict(depth=2, nodes=500), {}, False),
+    (dict(depth=2, nodes=500), dict(limit="nodes=500"), True),
+    (dict(depth=2, nodes=600), dict(limit="nodes=500"), False),
+])
+def test_an_eval_after_a_move_is_reused_only_under_the_same_settings(tmp_path, settings, record, hit):
+    cache = str(tmp_path / "moves.jsonl")
+    append_jsonl(cache, [move_record(**record)])
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=cache, **settings) as ann:
+        cp = ann.evals_after([(START, "e2e4")])[START, "e2e4"]
+        assert (cp == 12345) is hit and ann.stats["hits"] == int(hit) and ann.stats["misses"] == int(not hit)
+        assert abs(cp) < 200 or hit  # a searched eval of 1. e4 is near equal
+
+
+@needs_stockfish
+def test_engine_reward_settings_reach_its_annotator(tmp_path):
+    """--engine_depth and --engine_nodes are the limit, hence the cache key, of the engine reward's evals."""
+    try:
+        by_depth = EngineReward(STOCKFISH, depth=3, cache_path=str(tmp_path / "c.jsonl")).annotator()
+        by_nodes = EngineReward(STOCKFISH, depth=3, nodes=700, cache_path=str(tmp_path / "c.jsonl")).annotator()
+        assert (by_depth.tag, by_nodes.tag) == ("depth=3", "nodes=700")
+        assert (by_depth.move_cache_path, by_depth.multipv) == (str(tmp_path / "c.jsonl"), 1)
+    finally:
+        close_engines()
+
+
+@needs_stockfish
+def test_selfplay_labels_are_multipv_5_at_its_depth(tmp_path):
+    with SelfPlaySource(None, games=1, depth=3, workers=1, cache_path=str(tmp_path / "sf.jsonl"), player=None) as src:
+        assert (src.ann.tag, src.ann.multipv, src.ann.cache_path) == ("depth=3", 5, str(tmp_path / "sf.jsonl"))
+
+
+def killing(exc):
+    def kill(pid, sig):
+        assert sig == 0
+        if exc:
+            raise exc
+    return kill
+
+
+@pytest.mark.parametrize("exc, alive", [(None, True), (PermissionError, True), (ProcessLookupError, False)])
+def test_pid_alive(monkeypatch, exc, alive):
+    """os.kill(pid, 0): delivered (ours), PermissionError (another user's live process) or ProcessLookupError."""
+    monkeypatch.setattr(runs.os, "kill", killing(exc))
+    assert runs.pid_alive(4242) is alive
+
+
+@pytest.mark.parametrize("exc", [PermissionError, ProcessLookupError])
+def test_a_lock_held_by_a_process_that_cannot_be_signalled_is_kept(tmp_path, monkeypatch, exc):
+    """A run.lock of PID 4242 on this host: a process we may not signal is alive (the run is refused, the lock
+    stays); a process that does not exist is gone (the lock is taken over)."""
+    run = runs.RunDir(str(tmp_path), "r")
+    os.makedirs(run.path)
+    with open(run.lock, "w") as f:
+        f.write(f"4242 {socket.gethostname()}\n")
+    monkeypatch.setattr(runs.os, "kill", killing(exc))
+    if exc is PermissionError:
+        with pytest.raises(runs.RunError, match="in use by a running process, PID 4242"):
+            run.claim(resume=False)
+        assert run.lock_owner() == (4242, socket.gethostname())
+    else:
+        run.claim(resume=False)
+        assert run.lock_owner() == (os.getpid(), socket.gethostname())
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

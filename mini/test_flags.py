@@ -1,0 +1,472 @@
+"""Every Config flag reaches the code that uses it: a changed flag changes, to a hand-computed value, what
+its consumer receives or returns (the loss settings, the optimizer, the generation call, the advantages, the
+prompt sources, the engine reward, the controller of the adaptive KL coefficient). FLAG_TESTS names,
+for every field of Config, the test that shows it; test_every_flag_has_a_test keeps it complete.
+
+The trainers here read 8 positions of the shipped pool (--data_source file), so that each starts in < 1 s.
+
+    python mini/test_flags.py
+"""
+import json
+import math
+import os
+import random
+import re
+
+import pytest
+import torch
+
+import mini.train as train
+from mini.config import FIELDS, POOL_PATH, Config, parse_args
+from mini.dataset import PoolSource, StreamSource, make_source
+from mini.formats import policy_prompt
+from mini.loader import save_model
+from mini.reward_scorer import EngineReward, engine_reward
+from mini.runtime import autocast
+from mini.test_train import tiny_gpt
+from mini.tokenizer import Tokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+K = 2
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flags")
+    with open(POOL_PATH, encoding="utf-8") as f:
+        (d / "pool8.jsonl").write_text("".join(f.readlines()[1:9]))  # the header line, then 8 positions
+    return save_model(tiny_gpt(eos_bias=8.5), Tokenizer.gpt2(), str(d / "model")), str(d / "pool8.jsonl")
+
+
+def flags(files, log_dir, *extra, source=True):
+    snapshot, data = files
+    return ["--model_path", snapshot, "--device", "cpu", "--log_dir", str(log_dir), "--run_name", "f",
+            "--batch_size", "2", "--k_samples", str(K), "--max_new_tokens", "6", "--eval_every", "0", "--save_every", "0",
+            *(["--data_source", "file", "--data_file", data] if source else []), *extra]
+
+
+def trainer(files, log_dir, *extra):
+    return train.Trainer(parse_args(flags(files, log_dir, *extra)))
+
+
+@pytest.fixture(scope="module")
+def shared(files, tmp_path_factory):
+    """One trainer whose cfg each test changes (monkeypatch restores it): update() reads cfg at call time."""
+    return trainer(files, tmp_path_factory.mktemp("shared"))
+
+
+class Recorder:
+    """train.grpo_loss that records the settings, normalisers and keyword arguments of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, logits, ids, mask, adv, settings, norm, **kw):
+        self.calls.append((settings, dict(norm), dict(kw, logits=logits)))
+        return train.grpo.grpo_loss(logits, ids, mask, adv, settings, norm, **kw)
+
+
+def one_update(t, monkeypatch, rewards=(0.0, 1.0, 0.25, 0.5)):
+    """rollout, prepare, advantages and update with the given rewards; (rollout, stats, loss calls, the
+    optimizer's param_group lrs and gradient norm at each step)."""
+    rec, steps = Recorder(), []
+    monkeypatch.setattr(train, "grpo_loss", rec)
+    step = t.optimizer.step
+
+    def recording_step(*a, **kw):
+        grads = [p.grad for g in t.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        steps.append(([g["lr"] for g in t.optimizer.param_groups], torch.norm(torch.stack([g.norm() for g in grads])).item()))
+        return step(*a, **kw)
+    monkeypatch.setattr(t.optimizer, "step", recording_step)
+    r = t.rollout()
+    t.prepare(r)
+    r.rewards = torch.tensor(rewards[:len(r.prompts)])
+    adv, returns, _ = t.advantages(r)
+    stats = t.update(r, adv, returns)
+    return r, stats, rec.calls, steps
+
+
+# ----------------------------------------------------------------------------- the loss
+
+LOSS_FLAGS = {"temperature": 0.7, "clip_eps_low": 0.13, "clip_eps_high": 0.31, "loss_type": "dapo",
+              "kl_type": "forward", "kl_coef": 0.07, "entropy_coef": 0.03, "value_coef": 0.4, "value_clip": 0.6}
+
+
+@pytest.mark.parametrize("name", LOSS_FLAGS)
+def test_loss_flags_reach_the_loss(shared, monkeypatch, name):
+    monkeypatch.setattr(shared.cfg, name, LOSS_FLAGS[name])
+    _, _, calls, _ = one_update(shared, monkeypatch)
+    assert [getattr(s, name) for s, _, _ in calls] == [LOSS_FLAGS[name]]
+
+
+def test_fused_logprobs_reaches_the_policy_and_reference_heads(files, tmp_path, shared, monkeypatch):
+    """--fused_logprobs: the loss gets the policy's and the reference's output layers as fused grpo.Heads
+    (log-probs without the logits); without it, plain ones."""
+    monkeypatch.setattr(shared.cfg, "kl_type", "forward")  # an exact KL: the reference's Head reaches the loss
+    for t, fused in ((trainer(files, tmp_path, "--fused_logprobs", "--kl_type", "forward"), True), (shared, False)):
+        _, _, calls, _ = one_update(t, monkeypatch)
+        assert [(kw["logits"].fused, kw["ref_logits"].fused) for _, _, kw in calls] == [(fused, fused)]
+
+
+def test_entropy_every_skips_the_entropy_between_its_steps(shared, monkeypatch):
+    """--entropy_every 3 (--entropy_coef 0): the entropy is computed and logged on steps 0 and 3 of 0-4 only."""
+    monkeypatch.setattr(shared.cfg, "entropy_every", 3)
+    seen = []
+    for step in range(5):
+        monkeypatch.setattr(shared, "step", step)
+        _, stats, calls, _ = one_update(shared, monkeypatch)
+        seen.append(([kw["with_entropy"] for _, _, kw in calls], "entropy" in stats))
+    assert seen == [([True], True), ([False], False), ([False], False), ([True], True), ([False], False)]
+
+
+def test_adaptive_kl_coefficient_reaches_the_loss(shared, monkeypatch):
+    """With --adaptive_kl the loss gets the controller's coefficient, not --kl_coef; --kl_warmup_steps ramps
+    whichever it is: at step 1 of 4, 0.37 * 1/4 = 0.0925."""
+    monkeypatch.setattr(shared, "kl_ctl", train.grpo.AdaptiveKLController(0.37, 0.02, 100))
+    monkeypatch.setattr(shared.cfg, "kl_coef", 0.02)
+    for adaptive, warmup, step, want in [(True, 0, 0, 0.37), (False, 0, 0, 0.02), (True, 4, 1, 0.0925),
+                                         (False, 4, 1, 0.005), (True, 4, 4, 0.37)]:
+        monkeypatch.setattr(shared.cfg, "adaptive_kl", adaptive)
+        monkeypatch.setattr(shared.cfg, "kl_warmup_steps", warmup)
+        monkeypatch.setattr(shared, "step", step)
+        _, stats, calls, _ = one_update(shared, monkeypatch)
+        assert calls[0][0].kl_coef == pytest.approx(want, abs=1e-12) and stats["kl_coef"] == calls[0][0].kl_coef
+
+
+def test_target_kl_and_horizon_steer_the_coefficient_after_each_step(files, tmp_path, shared, monkeypatch):
+    """train_step feeds the step's KL to the controller built from --kl_coef, --target_kl, --kl_horizon:
+    beta <- 0.05 * (1 + clip(kl / 0.5 - 1, -0.2, 0.2) / 10); without --adaptive_kl it stays --kl_coef."""
+    adaptive = trainer(files, tmp_path, "--kl_coef", "0.05", "--target_kl", "0.5", "--kl_horizon", "10", "--adaptive_kl")
+    assert (adaptive.kl_ctl.coef, adaptive.kl_ctl.target, adaptive.kl_ctl.horizon) == (0.05, 0.5, 10)
+    for t, coef in ((adaptive, 0.05), (shared, shared.kl_ctl.coef)):
+        with torch.no_grad():  # a policy away from the reference: the KL is not 0
+            for p in t.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+        monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: lambda: [(x, {}) for x in (0.0, 1.0, 0.25, 0.5)])
+        m = t.train_step()
+        assert m["kl"] > 0
+        want = coef * (1 + min(max(m["kl"] / 0.5 - 1, -0.2), 0.2) / 10) if t is adaptive else coef
+        assert t.kl_ctl.coef == pytest.approx(want, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- the optimizer
+
+def test_lr_schedule_flags_reach_the_optimizer(shared, monkeypatch):
+    """--lr 1e-3, --steps 10, --warmup_steps 4, --decay_steps 2, --min_lr_ratio 0.5, and a rollback's scale:
+    step 1 warms up to 2/4; step 5 is 1/4 into the cosine from 4 to 8: 0.5 + 0.5 * 0.5 * (1 + cos(pi / 4));
+    step 9 decays linearly: 0.5 * (10 - 9) / 2."""
+    for name, v in {"lr": 1e-3, "steps": 10, "warmup_steps": 4, "decay_steps": 2, "min_lr_ratio": 0.5}.items():
+        monkeypatch.setattr(shared.cfg, name, v)
+    for step, scale, factor in [(1, 1.0, 0.5), (5, 1.0, 0.5 + 0.25 * (1 + math.cos(math.pi / 4))), (9, 1.0, 0.25),
+                                (1, 0.5, 0.25)]:
+        monkeypatch.setattr(shared, "step", step)
+        monkeypatch.setattr(shared, "lr_scale", scale)
+        _, stats, _, steps = one_update(shared, monkeypatch)
+        assert steps[0][0] == pytest.approx([1e-3 * factor] * 2, rel=1e-12) and stats["lr"] == steps[0][0][0]
+
+
+@pytest.fixture(scope="module")
+def built(files, tmp_path_factory):
+    """A trainer started with non-default flags that only its start reads."""
+    return trainer(files, tmp_path_factory.mktemp("built"), "--weight_decay", "0.3", "--adam_beta1", "0.8",
+                   "--adam_beta2", "0.9", "--lr", "2e-4", "--use_gae", "--grad_checkpointing", "--reward_shaping",
+                   "graduated")
+
+
+def test_optimizer_flags_reach_adamw(built):
+    assert [(g["weight_decay"], g["betas"], g["lr"]) for g in built.optimizer.param_groups] == [
+        (0.3, (0.8, 0.9), 2e-4), (0.0, (0.8, 0.9), 2e-4)]
+
+
+def test_grad_clip_reaches_the_clipping(shared, monkeypatch):
+    """--grad_clip 1e-3: the optimizer sees a gradient of norm 1e-3; 0: the whole gradient (grad_norm)."""
+    monkeypatch.setattr(shared.cfg, "grad_clip", 1e-3)
+    _, stats, _, steps = one_update(shared, monkeypatch)
+    assert stats["grad_norm"] > 1e-2 and steps[0][1] == pytest.approx(1e-3, rel=1e-4)
+    monkeypatch.setattr(shared.cfg, "grad_clip", 0.0)
+    _, stats, _, steps = one_update(shared, monkeypatch)
+    assert steps[0][1] == pytest.approx(stats["grad_norm"], rel=1e-4)
+
+
+def test_epochs_and_micro_batches(shared, monkeypatch):
+    """--num_iterations 3, --micro_batch_size 3 over 4 rows: 3 optimizer steps, 2 loss calls each (rows 0-2,
+    3), the first epoch on-policy (no old log-probs), the later ones against the behaviour policy."""
+    monkeypatch.setattr(shared.cfg, "num_iterations", 3)
+    monkeypatch.setattr(shared.cfg, "micro_batch_size", 3)
+    r, _, calls, steps = one_update(shared, monkeypatch)
+    assert len(steps) == 3 and len(calls) == 6
+    assert [kw["old_logp"] is None for _, _, kw in calls] == [True, True, False, False, False, False]
+    assert [kw["ref_logp"].shape[0] for _, _, kw in calls] == [3, 1] * 3
+    assert all(n["n_seqs"] == 4 and n["budget"] == shared.cfg.max_new_tokens for _, n, _ in calls)
+    assert r.old_logp is not None
+
+
+# ----------------------------------------------------------------------------- sampling and advantages
+
+def test_sampling_flags_reach_generate(shared, monkeypatch):
+    seen = []
+    real = train.generate
+
+    def generate(model, prompts, max_new_tokens, temperature, top_k, eos, compile_decode=False, shared_prefix=True):
+        seen.append((len(prompts), max_new_tokens, temperature, top_k, compile_decode, shared_prefix))
+        return real(model, prompts, max_new_tokens, temperature, top_k, eos)
+    monkeypatch.setattr(train, "generate", generate)
+    for name, v in {"max_new_tokens": 5, "temperature": 0.9, "top_k": 3, "compile_decode": True, "batch_size": 3,
+                    "k_samples": 3, "shared_prefix_decode": False}.items():
+        monkeypatch.setattr(shared.cfg, name, v)
+    monkeypatch.setattr(shared, "local_batch", 3)  # batch_size / world, set at the start
+    r = shared.rollout()
+    assert seen == [(9, 5, 0.9, 3, True, False)]
+    assert [s.prompt for s in r.samples[::3]] == [s.prompt for s in r.samples[2::3]]  # groups of 3, contiguous
+    assert all(len(c) <= 5 for c in r.completions)
+
+
+@pytest.mark.parametrize("scale, want", [
+    # rewards (0, 1 | 0.25, 0.5), groups of 2: Bessel variances 0.5^2 + 0.5^2 = 0.5 and 0.125^2 + 0.125^2 = 0.03125;
+    # the batch's: mean 0.4375, sum of squares 0.19141 + 0.31641 + 0.03516 + 0.00391 = 0.546875, / 3 -> 0.42696
+    ("group", [-0.5 / (0.5 ** 0.5 + 1e-4), 0.5 / (0.5 ** 0.5 + 1e-4), -0.125 / (0.03125 ** 0.5 + 1e-4),
+               0.125 / (0.03125 ** 0.5 + 1e-4)]),
+    ("batch", [-0.5 / (0.42696 + 1e-4), 0.5 / (0.42696 + 1e-4), -0.125 / (0.42696 + 1e-4), 0.125 / (0.42696 + 1e-4)]),
+    ("none", [-0.5, 0.5, -0.125, 0.125]),
+])
+def test_scale_rewards_reaches_the_advantages(shared, monkeypatch, scale, want):
+    monkeypatch.setattr(shared.cfg, "scale_rewards", scale)
+    r = shared.rollout()
+    r.rewards = torch.tensor([0.0, 1.0, 0.25, 0.5])
+    adv, _, _ = shared.advantages(r)
+    assert adv.tolist() == pytest.approx(want, abs=2e-5)
+
+
+def test_baseline_flags_reach_the_baseline(files, tmp_path):
+    """--baseline_type ema --ema_decay 0.5, P: groups (0, 1) and (0.25, 0.5): the first batch sets the mean
+    to 0.4375; a second batch of the same rewards keeps it, (0.5 * 0.4375 + 0.5 * 0.4375), so every
+    advantage is r - 0.4375."""
+    t = trainer(files, tmp_path, "--baseline_type", "ema", "--ema_decay", "0.5", "--scale_rewards", "none",
+                "--mix_env_ratio", "0")
+    assert (t.baseline.baseline_type, t.baseline.decay) == ("ema", 0.5)
+    r = t.rollout()
+    r.rewards = torch.tensor([0.0, 1.0, 0.25, 0.5])
+    t.advantages(r)
+    r.rewards = torch.tensor([1.0, 1.0, 0.0, 1.0])  # mean 0.75: 0.5 * 0.4375 + 0.5 * 0.75 = 0.59375
+    adv, _, _ = t.advantages(r)
+    assert adv.tolist() == pytest.approx([0.0, 0.0, -0.59375, 0.40625], abs=1e-6)
+
+
+def test_dynamic_sampling_flags(files, tmp_path, monkeypatch):
+    """Rounds of 2 groups of 2: (0, 0.1) has std 0.0707, dropped at --dynamic_sampling_min_std 0.1; equal
+    rewards are always dropped. Round 1 keeps nothing, round 2 one group, round 3 two: the step has its
+    2 groups after 3 rounds; with --dynamic_sampling_max_rounds 2 it ends at round 2 with 1 group."""
+    rounds = [[0.0, 0.1, 0.5, 0.5], [0.0, 1.0, 0.3, 0.3], [0.2, 0.9, 1.0, 0.0]]
+    t = trainer(files, tmp_path, "--dynamic_sampling", "--dynamic_sampling_min_std", "0.1",
+                "--dynamic_sampling_max_rounds", "3")
+    for max_rounds, kept in ((3, 2), (2, 1)):
+        monkeypatch.setattr(t.cfg, "dynamic_sampling_max_rounds", max_rounds)
+        script = iter(rounds)
+        monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: (lambda rs=next(script): [(x, {}) for x in rs]))
+        r, m = t.informative_rollout(train.PhaseTimer(False))
+        drawn = rounds[:max_rounds]
+        assert m == {"ds_rounds": max_rounds, "ds_groups_drawn": 2 * max_rounds, "ds_groups_kept": kept,
+                     # groups of equal rewards: round 1's second, round 2's second
+                     "ds_zero_var_share_drawn": 2 / (2 * max_rounds),
+                     "ds_reward_mean_drawn": pytest.approx(sum(map(sum, drawn)) / (4 * max_rounds))}
+        assert [x for x, _ in r.scores] == ([0.0, 1.0, 0.2, 0.9] if kept == 2 else [0.0, 1.0])
+
+
+def test_use_gae_grad_checkpointing_and_shaping(built, shared):
+    assert built.value_head is not None and built.model.grad_checkpointing is True
+    assert shared.value_head is None and shared.model.grad_checkpointing is False
+    trained = {id(p) for g in built.optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in trained for p in built.value_head.parameters())
+    assert (built.scorer.shaping, shared.scorer.shaping) == ("graduated", "continuous")
+
+
+def test_bf16_flags_reach_autocast():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert isinstance(autocast(cpu, Config(bf16_cpu=True)), torch.autocast)
+    assert not isinstance(autocast(cpu, Config(bf16_cpu=False, bf16=True)), torch.autocast)
+    assert not isinstance(autocast(cuda, Config(bf16=False, bf16_cpu=True)), torch.autocast)
+
+
+# ----------------------------------------------------------------------------- sources, scorers, evaluation
+
+def test_data_flags_reach_the_source(files, tmp_path):
+    _, data = files
+    cfg = parse_args(flags(files, tmp_path, "--mix_env_ratio", "0.35", "--seed", "7"))
+    s = make_source(cfg, rank=2)
+    assert isinstance(s, PoolSource) and s.env_ratio == 0.35 and len(s.policy) == 8
+    assert s.rng.getstate() == random.Random(9).getstate()  # seed + rank
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(open(data).read() + "not json\n")
+    assert len(make_source(Config(data_source="file", data_file=str(bad), skip_bad_lines=True)).policy) == 8
+    with pytest.raises(ValueError, match="bad.jsonl:9"):
+        make_source(Config(data_source="file", data_file=str(bad), skip_bad_lines=False))
+
+
+def test_generate_source_gets_depth_and_workers(tmp_path):
+    s = make_source(Config(data_source="generate", stockfish_depth=3, annotate_workers=2, mix_env_ratio=0.4, seed=5,
+                           policy_pad="89"))
+    try:
+        assert isinstance(s, StreamSource) and (s.ann.limit.depth, s.ann.workers, s.env_ratio, s.seed) == (3, 2, 0.4, 5)
+        assert s.pads == (89,)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("pad, widths", [(None, {90}), ("90", {90}), ("89", {89}), ("both", {89, 90})])
+def test_policy_pad_reaches_the_source(files, tmp_path, pad, widths):
+    """--policy_pad 89: every P: prompt the source draws has its FEN padded to 89 columns (3 + 88 characters,
+    the last space merging into ' M'), RookWorld's validation file's width; 90 (the default) the generator
+    code's; both: some of each."""
+    cfg = parse_args(flags(files, tmp_path, *(["--policy_pad", pad] if pad else []), "--mix_env_ratio", "0"))
+    drawn = make_source(cfg).draw(64)
+    assert {s.task for s in drawn} == {"P"} and all(len(s.fen) < 88 for s in drawn)
+    assert {len(s.prompt) - 2 for s in drawn} == widths
+    assert all(s.prompt in (policy_prompt(s.fen, 89), policy_prompt(s.fen, 90)) for s in drawn)
+
+
+def test_selfplay_flags_reach_the_source(files, tmp_path, monkeypatch):
+    """--data_source selfplay hands every selfplay flag to SelfPlaySource; --selfplay_refresh 2 refreshes it at
+    steps 0, 2 and 4 with the current model."""
+    made = []
+
+    class Source:
+        def __init__(self, tok, source, **kw):
+            made.append(self)
+            self.kw, self.source, self.refreshed, self.metrics = kw, source, [], {}
+
+        def refresh(self, model, autocast=None):
+            self.refreshed.append(t.step)
+            assert model is t.model
+
+        def draw(self, n):
+            return self.source.draw(n)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(train, "SelfPlaySource", Source)
+    monkeypatch.setattr(train, "make_source", lambda cfg, buffer, rank: make_source(
+        Config(data_source="file", data_file=files[1]), buffer, rank))
+    t = train.Trainer(parse_args(flags(files, tmp_path, source=False) + [
+        "--data_source", "selfplay", "--selfplay_games", "3", "--selfplay_plies", "5", "--selfplay_refresh", "2",
+        "--selfplay_mix", "0.7", "--selfplay_temperature", "0.8", "--selfplay_top_k", "4", "--mix_env_ratio", "0.3",
+        "--stockfish_depth", "6", "--annotate_workers", "3", "--stockfish_path", "/usr/games/stockfish",
+        "--seed", "11"]))
+    assert made[0].kw == dict(games=3, plies=5, temperature=0.8, top_k=4, max_new_tokens=6, mix=0.7, env_ratio=0.3,
+                              depth=6, workers=3, stockfish_path="/usr/games/stockfish", seed=11)
+    monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: lambda: [(float(i % 2), {}) for i in range(len(samples))])
+    for _ in range(5):
+        t.train_step()
+    assert made[0].refreshed == [0, 2, 4]
+
+
+def test_engine_flags_reach_the_engine_reward(tmp_path):
+    cfg = Config(p_reward="engine", engine_depth=7, engine_nodes=500, engine_cache=str(tmp_path / "c.jsonl"),
+                 stockfish_path="/usr/games/stockfish")
+    assert engine_reward(cfg) == EngineReward("/usr/games/stockfish", 7, 500, str(tmp_path / "c.jsonl"))
+    assert engine_reward(Config(p_reward="labels")) is None
+
+
+def test_evaluation_flags(files, tmp_path, monkeypatch):
+    """--eval_every 2 --eval_n 3: 3 P: and 3 A: held-out prompts, evaluated at step 2 and not 1, with the run's
+    --reward_shaping and --max_new_tokens; --eval_chess adds quick_metrics."""
+    calls = []
+    monkeypatch.setattr(train, "evaluate", lambda model, tok, samples, max_new_tokens, **kw: (
+        calls.append(("eval", len(samples), max_new_tokens, kw["shaping"])), ({"eval_reward": 0.5}, []))[1])
+    monkeypatch.setattr(train, "quick_metrics", lambda model, tok, max_new_tokens, autocast: (
+        calls.append(("chess", max_new_tokens)), {"chess_mate_acc": 0.25})[1])
+    t = trainer(files, tmp_path, "--eval_every", "2", "--eval_n", "3", "--eval_chess", "--reward_shaping", "graduated")
+    assert [s.task for s in t.eval_samples] == ["P"] * 3 + ["A"] * 3
+    monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: lambda: [(float(i % 2), {}) for i in range(len(samples))])
+    m1, m2 = t.train_step(), t.train_step()
+    assert "eval_reward" not in m1 and (m2["eval_reward"], m2["chess_mate_acc"]) == (0.5, 0.25)
+    assert calls == [("eval", 6, 6, "graduated"), ("chess", 6)]
+
+
+def test_log_samples_writes_the_first_row_of_that_many_groups(shared, monkeypatch):
+    """Rewards 0, 0.5, 1, 1.5 on the 4 rows: the first rows of the 2 groups are 0 and 1."""
+    monkeypatch.setattr(shared.scorer, "submit", lambda samples, texts: lambda: [(0.5 * i, {}) for i in range(4)])
+    path = os.path.join(shared.run_dir.path, "samples.jsonl")
+    for n, want in ((1, [0.0]), (5, [0.0, 1.0]), (0, [])):
+        monkeypatch.setattr(shared.cfg, "log_samples", n)
+        before = os.path.getsize(path) if os.path.exists(path) else 0
+        shared.train_step()
+        with open(path) as f:
+            f.seek(before)
+            assert [json.loads(x)["reward"] for x in f] == want
+
+
+# ----------------------------------------------------------------------------- the table
+
+def existing(node):
+    path, name = node.split("::")
+    with open(os.path.join(HERE, "..", path), encoding="utf-8") as f:
+        return re.search(rf"^def {re.escape(name)}\(", f.read(), re.M) is not None
+
+
+LOSS = "mini/test_flags.py::test_loss_flags_reach_the_loss"
+FLAG_TESTS = {
+    **{name: LOSS for name in LOSS_FLAGS},
+    **{name: "mini/test_flags.py::test_lr_schedule_flags_reach_the_optimizer"
+       for name in ("lr", "steps", "warmup_steps", "decay_steps", "min_lr_ratio")},
+    **{name: "mini/test_flags.py::test_optimizer_flags_reach_adamw" for name in ("weight_decay", "adam_beta1", "adam_beta2")},
+    **{name: "mini/test_flags.py::test_adaptive_kl_coefficient_reaches_the_loss" for name in ("adaptive_kl", "kl_warmup_steps")},
+    **{name: "mini/test_flags.py::test_target_kl_and_horizon_steer_the_coefficient_after_each_step"
+       for name in ("target_kl", "kl_horizon")},
+    "grad_clip": "mini/test_flags.py::test_grad_clip_reaches_the_clipping",
+    **{name: "mini/test_flags.py::test_epochs_and_micro_batches" for name in ("num_iterations", "micro_batch_size")},
+    **{name: "mini/test_flags.py::test_sampling_flags_reach_generate"
+       for name in ("max_new_tokens", "top_k", "compile_decode", "shared_prefix_decode", "batch_size",
+                    "k_samples")},
+    "fused_logprobs": "mini/test_flags.py::test_fused_logprobs_reaches_the_policy_and_reference_heads",
+    "entropy_every": "mini/test_flags.py::test_entropy_every_skips_the_entropy_between_its_steps",
+    "scale_rewards": "mini/test_flags.py::test_scale_rewards_reaches_the_advantages",
+    **{name: "mini/test_flags.py::test_baseline_flags_reach_the_baseline" for name in ("baseline_type", "ema_decay")},
+    **{name: "mini/test_flags.py::test_dynamic_sampling_flags"
+       for name in ("dynamic_sampling", "dynamic_sampling_min_std", "dynamic_sampling_max_rounds")},
+    **{name: "mini/test_flags.py::test_use_gae_grad_checkpointing_and_shaping"
+       for name in ("use_gae", "grad_checkpointing", "reward_shaping")},
+    **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference" for name in ("gamma", "gae_lambda")},
+    **{name: "mini/test_flags.py::test_bf16_flags_reach_autocast" for name in ("bf16", "bf16_cpu")},
+    **{name: "mini/test_flags.py::test_data_flags_reach_the_source"
+       for name in ("mix_env_ratio", "seed", "data_source", "data_file", "skip_bad_lines")},
+    **{name: "mini/test_flags.py::test_generate_source_gets_depth_and_workers"
+       for name in ("stockfish_depth", "annotate_workers")},
+    **{name: "mini/test_flags.py::test_selfplay_flags_reach_the_source"
+       for name in ("selfplay_games", "selfplay_plies", "selfplay_refresh", "selfplay_mix", "selfplay_temperature",
+                    "selfplay_top_k", "stockfish_path")},
+    **{name: "mini/test_flags.py::test_engine_flags_reach_the_engine_reward"
+       for name in ("p_reward", "engine_depth", "engine_nodes", "engine_cache")},
+    "policy_pad": "mini/test_flags.py::test_policy_pad_reaches_the_source",
+    "score_workers": "mini/test_train.py::test_scoring_in_worker_processes_changes_nothing",
+    **{name: "mini/test_flags.py::test_evaluation_flags" for name in ("eval_every", "eval_n", "eval_chess")},
+    "log_samples": "mini/test_flags.py::test_log_samples_writes_the_first_row_of_that_many_groups",
+    # flags shown by the tests of their own module
+    "kl_threshold": "mini/test_train.py::test_kl_threshold_stops_cleanly",
+    "save_every": "mini/test_train.py::test_injected_nan_is_rolled_back",
+    "keep_last": "mini/test_runs.py::test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written",
+    "auto_resume": "mini/test_train.py::test_sigkill_then_auto_resume_equals_uninterrupted",
+    "resume_from_checkpoint": "mini/test_train.py::test_resume_from_checkpoint_and_recovery_mode_continue_a_run",
+    "recovery_mode": "mini/test_train.py::test_resume_from_checkpoint_and_recovery_mode_continue_a_run",
+    "overwrite": "mini/test_runs.py::test_a_run_is_never_started_over_by_accident",
+    "run_name": "mini/test_runs.py::test_a_live_process_owns_its_run",
+    "log_dir": "mini/test_train.py::test_a_short_run_writes_everything",
+    "model_path": "mini/test_train.py::test_a_short_run_writes_everything",
+    "device": "mini/test_config.py::test_a_bad_flag_is_one_line",
+    "report_to": "mini/test_train.py::test_report_to_tensorboard_mirrors_metrics_jsonl",
+    "time_limit_min": "mini/test_sft.py::test_time_limit_stops_and_saves",
+    "auto_batch_size": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
+    "memory_fraction": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
+    "compile": "mini/test_config.py::test_fuzz_every_command_line_starts_or_is_one_line",
+    **{name: "mini/test_sft.py::test_short_run_learns_and_writes_a_snapshot"
+       for name in ("n_layer", "n_head", "n_embd", "n_positions")},
+}
+
+
+def test_every_flag_has_a_test():
+    assert sorted(FLAG_TESTS) == sorted(FIELDS)
+    assert [node for node in set(FLAG_TESTS.values()) if not existing(node)] == []
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

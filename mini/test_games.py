@@ -1,0 +1,171 @@
+"""Game logic by hand: a finished game's score from the player's side for either colour (mate, stalemate,
+threefold repetition, the half-move cap), how games end in self-play, the arbiter history of every ply, and
+self-play sources that refresh with the weights and a new seed each time.
+
+    python mini/test_games.py
+"""
+import random
+
+import chess
+import pytest
+
+import mini.chess_eval as ce
+import mini.games as gm
+import mini.selfplay as selfplay
+from mini.dataset import ReplayBuffer
+from mini.formats import policy_prompt, policy_sample
+from mini.positions import random_env_sample
+from mini.selfplay import SelfPlaySource
+from mini.test_selfplay import needs_stockfish
+from mini.test_train import tiny_gpt
+from mini.tokenizer import Tokenizer
+
+SCHOLARS_MATE = "e2e4 e7e5 f1c4 b8c6 d1h5 g8f6 h5f7"   # White mates
+FOOLS_MATE = "f2f3 e7e5 g2g4 d8h4"                     # Black mates
+KNIGHTS_BACK_AND_FORTH = "g1f3 g8f6 f3g1 f6g8 g1f3 g8f6 f3g1"  # the 7th half-move repeats a position 3 times
+ITALIAN_12 = "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3 g8f6 d2d4 e5d4 c3d4 c5b4".split()
+
+
+def played(moves, fen=chess.STARTING_FEN):
+    board = chess.Board(fen)
+    for m in moves.split():
+        board.push_uci(m)
+    return board
+
+
+@pytest.mark.parametrize("board, end, white_score", [
+    (played(SCHOLARS_MATE), "checkmate", 1.0),
+    (played(FOOLS_MATE), "checkmate", 0.0),
+    (played("c6b6", "k7/8/2Q5/8/8/8/8/7K w - - 0 1"), "stalemate", 0.5),
+    (played(KNIGHTS_BACK_AND_FORTH), "threefold_repetition", 0.5),
+])
+def test_a_finished_game_is_scored_for_the_players_colour(board, end, white_score):
+    for white, want in ((True, white_score), (False, 1.0 - white_score)):
+        game = {"white": white, "end": None, "score": None}
+        ce.end_if_over(board, game, 200)
+        assert (game["end"], game["score"]) == (end, want)
+
+
+def test_the_half_move_cap_adjudicates_a_draw_for_either_colour():
+    board = played("e2e4 e7e5 g1f3")
+    for white in (True, False):
+        game = {"white": white, "end": None, "score": None}
+        ce.end_if_over(board, game, 4)  # 3 half-moves of 4: the game goes on
+        assert (game["end"], game["score"]) == (None, None)
+        ce.end_if_over(board, game, 3)
+        assert (game["end"], game["score"]) == ("max_plies", 0.5)
+
+
+def scripted(line):
+    """A player that plays line[ply] in every game (ply: half-moves from the initial position)."""
+    return lambda prompts: [f" M: a1a2 E: 0.0 B: {line[chess.Board(p[3:].strip()).ply()]}" for p in prompts]
+
+
+@pytest.mark.parametrize("moves, end, plies", [
+    (SCHOLARS_MATE, "checkmate", 7), (FOOLS_MATE, "checkmate", 4),
+    (KNIGHTS_BACK_AND_FORTH, "threefold_repetition", 7),
+])
+def test_self_play_ends_by_the_rules_for_either_side(moves, end, plies):
+    games = gm.self_play(scripted(moves.split()), ["initial", "initial"])
+    assert [(g["end"], g["plies"], g["moves"]) for g in games] == [(end, plies, moves.split())] * 2
+    assert gm.selfplay_values(games) == {"chess_selfplay_plies": [float(plies)] * 2, "chess_selfplay_legal_end": [1.0] * 2}
+    assert gm.selfplay_summary(games) == {"chess_selfplay_plies_median": float(plies), f"chess_selfplay_end_{end}": 1.0}
+
+
+def test_the_arbiter_history_at_every_ply():
+    """The A: history of ply i is the last up to 10 half-moves including the move itself: ITALIAN_12[max(0, i - 9):
+    i + 1], i.e. 1, 2, ..., 10, 10, 10 entries. A game from an opening carries the book moves before it."""
+    games = gm.self_play(scripted(ITALIAN_12), ["initial"], max_plies=12)
+    assert games[0]["end"] == "max_plies" and len(games[0]["transitions"]) == 12
+    for i, (fen, move, history) in enumerate(games[0]["transitions"]):
+        assert (fen, move) == (played(" ".join(ITALIAN_12[:i])).fen(), ITALIAN_12[i])
+        assert history == ITALIAN_12[max(0, i - 9):i + 1] and len(history) == min(i + 1, 10)
+    book = gm.OPENINGS["sicilian_najdorf"].split()  # 10 half-moves
+    games = gm.self_play(lambda prompts: [" M: a1a2 E: 0.0 B: h2h3"], ["sicilian_najdorf"], max_plies=1)
+    assert games[0]["transitions"][0][2] == book[-9:] + ["h2h3"]
+
+
+def test_an_illegal_move_ends_the_game_and_is_still_a_transition():
+    games = gm.self_play(scripted(ITALIAN_12[:3] + ["e1e3"]), ["initial"])
+    g = games[0]
+    assert (g["end"], g["plies"], len(g["transitions"])) == ("illegal", 3, 4)
+    assert g["transitions"][-1][2] == ITALIAN_12[:3] + ["e1e3"]
+
+
+def test_environment_and_replay_histories_at_every_ply():
+    """An A: prompt drawn on a position carries the moves that led there plus its own move, the last 10 at most;
+    the replay buffer keeps the last 9 moves that led to a position (the P: history)."""
+    rng = random.Random(0)
+    for n in range(12):
+        board, led = played(" ".join(ITALIAN_12[:n])), ITALIAN_12[:n][-9:]
+        s = random_env_sample(board.fen(), led, rng, illegal_rate=0.0, garbage_rate=0.0)
+        assert s.history == (led + [s.move])[-10:] and len(s.history) == min(n, 9) + 1
+        buffer = ReplayBuffer()
+        buffer.held_out = set()  # the Italian's early positions are held-out eval positions, which it refuses
+        buffer.add_next(policy_sample(board.fen(), [ITALIAN_12[n]], [0.0], history=led))
+        assert [h for _, h in buffer.items.values()] == [ITALIAN_12[:n + 1][-9:]]
+
+
+def test_model_player_is_seeded(tmp_path):
+    """The same seed samples the same completions, another seed others: self-play's refreshes differ by seed."""
+    model, tok = tiny_gpt(eos_bias=-5.0), Tokenizer.gpt2()
+    prompts = [policy_prompt(chess.STARTING_FEN)] * 4
+    texts = {seed: gm.model_player(model, tok, temperature=1.0, seed=seed, max_new_tokens=6)(prompts) for seed in (1, 2)}
+    assert gm.model_player(model, tok, temperature=1.0, seed=1, max_new_tokens=6)(prompts) == texts[1] != texts[2]
+
+
+def test_selfplay_player_samples_at_its_settings(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(selfplay, "model_player", lambda *a, **kw: seen.append((a, kw)))
+    monkeypatch.setattr(selfplay, "Annotator", lambda *a, **kw: None)
+    src = SelfPlaySource("tok", temperature=0.6, top_k=7, max_new_tokens=33, seed=2)
+    src.player("model", 99, "ctx")
+    assert seen == [(("model", "tok", 0.6, 7, 99, 33), {"autocast": "ctx"})]
+
+
+def test_stockfish_and_arbiter_values_by_hand():
+    games = [{"score": s, "plies": p} for s, p in ((1.0, 9), (0.5, 40), (0.0, 3), (0.0, 12))]
+    assert ce.stockfish_values(games) == {
+        "chess_sf_score": [1.0, 0.5, 0.0, 0.0], "chess_sf_plies": [9.0, 40.0, 3.0, 12.0],
+        "chess_sf_win": [1.0, 0.0, 0.0, 0.0], "chess_sf_draw": [0.0, 1.0, 0.0, 0.0], "chess_sf_loss": [0.0, 0.0, 1.0, 1.0]}
+    start = chess.STARTING_FEN
+    after_e4 = played("e2e4").fen()
+    transitions = [(start, "e2e4", ["e2e4"]), (start, "e2e5", ["e2e5"]), (start, "e2e4", ["e2e4"])]
+    answers = [f"{after_e4}+0.001+0+0", f"{start}+-1.0+1+0", "junk"]  # right; terminated wrong; unparseable
+    assert ce.arbiter_values(transitions, answers) == {
+        "chess_arbiter_all": [1.0, 0.0, 0.0], "chess_arbiter_next_fen": [1.0, 1.0, 0.0],
+        "chess_arbiter_reward": [1.0, 1.0, 0.0], "chess_arbiter_terminated": [1.0, 0.0, 0.0],
+        "chess_arbiter_truncated": [1.0, 0.0, 0.0]}
+
+
+def recording_player(calls):
+    """SelfPlaySource's player factory: records (model, seed) of each refresh; plays ITALIAN_12."""
+    def factory(model, seed, autocast=None):
+        calls.append((model, seed))
+        return scripted(ITALIAN_12)
+    return factory
+
+
+@needs_stockfish
+def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
+    """Refresh r of a source seeded s plays with the model given to it and seed s * 1_000_003 + r; the P:
+    positions it sends to Stockfish carry the moves that led there: one more at each ply, then the last 9."""
+    calls = []
+    with SelfPlaySource(None, games=1, plies=3, depth=1, workers=1, cache_path=str(tmp_path / "sf.jsonl"), seed=5,
+                        player=recording_player(calls)) as src:
+        src.held_out = set()  # the Italian's early positions are held-out eval positions, which it leaves out
+        src.refresh("weights A")
+        assert [len(h) for _, h in src.pending] == [0, 1, 2]
+        src.refresh("weights B")
+        assert [len(h) for _, h in src.pending] == [3, 4, 5]
+        src.refresh("weights C")
+        src.refresh("weights D")
+        assert [h for _, h in src.pending] == [ITALIAN_12[:n][-9:] for n in (9, 10, 11)]
+        assert [len(h) for _, h in src.pending] == [9, 9, 9]
+    assert calls == [("weights A", 5_000_015), ("weights B", 5_000_016), ("weights C", 5_000_017),
+                     ("weights D", 5_000_018)]
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
