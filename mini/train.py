@@ -398,8 +398,9 @@ def main(argv=None):
     def say(line):  # under torchrun every rank stops with the same message: rank 0 prints it
         if distributed.is_main():
             print(line, file=sys.stderr)
-    # until the loop takes SIGTERM over, it stops the start-up as Ctrl-C does: no run directory is left half-made
-    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: signal.default_int_handler(signum, frame))
+    # until the loop takes the signals over, both stop the start-up as Ctrl-C does, whatever handler the caller had
+    # installed: no run directory is left half-made
+    startup = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         saved, source = saved_settings(cfg)
         if saved is not None:
@@ -423,7 +424,8 @@ def main(argv=None):
         say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
         return 1
     finally:
-        signal.signal(signal.SIGTERM, sigterm)
+        for sig, handler in startup.items():
+            signal.signal(sig, handler)
         distributed.cleanup()
     return 0
 
