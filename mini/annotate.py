@@ -21,8 +21,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
-from mini.dataset import load_jsonl, shipped_keys
-from mini.formats import legal_ucis, position_key
+from mini.dataset import load_jsonl, record_keys, shipped_keys
+from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
                             random_env_sample)
 from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
@@ -143,12 +143,8 @@ def build_from_games(a):
     eval_env = game_env_records(eval_games, random.Random(f"{a.seed}-eval-A"), exclude=trained,
                                 per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
     held_out = {position_key(f) for f, _, _ in eval_positions}
-    for fen, move, history in eval_env:
-        held_out.add(position_key(fen))
-        board = chess.Board(fen)
-        if move in legal_ucis(fen):
-            board.push_uci(move)
-            held_out.add(position_key(board.fen()))
+    for fen, move, _ in eval_env:
+        held_out |= record_keys(fen, move)
     pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out)
     pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:

@@ -97,11 +97,17 @@ def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):
         with open(path, encoding="utf-8") as f:
             for r in map(json.loads, f):
                 if "fen" in r:
-                    keys.add(position_key(r["fen"]))
-                    if r.get("move") in legal_ucis(r["fen"]):
-                        board = chess.Board(r["fen"])
-                        board.push_uci(r["move"])
-                        keys.add(position_key(board.fen()))
+                    keys |= record_keys(r["fen"], r.get("move"))
+    return keys
+
+
+def record_keys(fen, move=None):
+    """position_key of a record's position and, for an A: transition with a legal move, of the position after it."""
+    keys = {position_key(fen)}
+    if move in legal_ucis(fen):
+        board = chess.Board(fen)
+        board.push_uci(move)
+        keys.add(position_key(board.fen()))
     return keys
 
 
