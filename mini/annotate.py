@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
-from mini.dataset import load_jsonl, record_keys, shipped_keys
+from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
                             random_env_sample)
@@ -135,14 +135,16 @@ def build_from_games(a):
     and every one of their A: transitions, none on a held-out position."""
     t0 = time.time()
     kept = os.path.dirname(os.path.abspath(a.pool_path))  # the games are kept beside the pool
-    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers, kept)
+    eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers, kept) if a.eval_games else []
     train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers, kept)
     trained = shipped_keys([POOL_PATH]) | {position_key(fen) for moves, _ in train_games for fen in game_fens(moves)}
     # one RNG per draw, so that each set depends on its own settings only
     eval_positions = game_positions(eval_games, random.Random(f"{a.seed}-eval-P"), a.eval, exclude=trained)
     eval_env = game_env_records(eval_games, random.Random(f"{a.seed}-eval-A"), exclude=trained,
                                 per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
-    held_out = {position_key(f) for f, _, _ in eval_positions}
+    held_out = set(held_out_keys())  # the shipped held-out sets, then this build's own (the same file when rebuilt)
+    for fen, _, _ in eval_positions:
+        held_out.add(position_key(fen))
     for fen, move, _ in eval_env:
         held_out |= record_keys(fen, move)
     pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out)
@@ -150,8 +152,9 @@ def build_from_games(a):
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
                 "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
-        labels = ann.annotate([fen for fen, _, _ in eval_positions])  # the held-out set first: it is small
-        write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
+        if a.eval_games:  # --eval_games 0: more training games only, the shipped held-out set untouched
+            labels = ann.annotate([fen for fen, _, _ in eval_positions])  # the held-out set first: it is small
+            write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
         labels = ann.annotate([fen for fen, _, _ in pool_positions])
     write_jsonl(a.pool_path, {**meta, "games": a.games}, pool_positions, labels, pool_env)
     print(f"wrote {len(pool_positions)} pool positions and {len(pool_env)} A: transitions of {a.games} games, "
@@ -198,7 +201,8 @@ def main(argv=None):
     p.add_argument("--eval_path", default=None, help=f"default {EVAL_PATH}; with --games {REAL_EVAL_PATH}")
     p.add_argument("--games", type=int, default=0, help="training games of realistic play (positions.play_game) "
                    "instead of generated positions: the pool's positions and A: transitions come from them")
-    p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games)")
+    p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games; 0 writes no held-out "
+                   "set: a further training pool under another --seed, free of every shipped held-out position)")
     p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
                    "(with --games)")
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")

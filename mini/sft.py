@@ -68,6 +68,24 @@ class SFTData:
         return out
 
 
+class SFTBatches(torch.utils.data.IterableDataset):
+    """Endless encoded batches (CPU tensors, see encode_batch) for a DataLoader: in the training process with
+    no workers, else one SFTData per worker process seeded cfg.seed + 1000 * (worker + 1), so that the workers
+    draw different samples. The samples are loaded once, before the workers fork."""
+
+    def __init__(self, cfg, tok):
+        self.cfg, self.tok, self.data = cfg, tok, SFTData(cfg)
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:
+            seed = self.cfg.seed + 1000 * (worker.id + 1)
+            self.data.source.rng, self.data.buffer.rng = random.Random(seed), random.Random(seed + 1)
+            self.data.positions = iter_positions(seed)
+        while True:
+            yield encode_batch(self.data.batch(self.cfg.batch_size), self.tok, "cpu")
+
+
 def encode_batch(samples, tok, device):
     """(inputs, attention mask, targets, loss mask on targets): right-padded rows of
     encode(prompt) + encode(completion) + [EOS]; the loss mask is True where the target is a completion token or that EOS."""
@@ -123,6 +141,9 @@ def train_sft(cfg, run):
     if cfg.data_source == "selfplay":
         raise ValueError("--data_source selfplay is train.py's (games of the policy being trained); sft.py takes "
                          "pool, file or generate")
+    if cfg.data_source == "generate" and cfg.data_workers:
+        raise ValueError("--data_workers needs --data_source pool or file: generate's Stockfish engines cannot be "
+                         "shared with worker processes (drop --data_workers)")
     reporter = make_reporter(cfg.report_to, run.path, dataclasses.asdict(cfg))
     device = resolve_device(cfg.device)
     random.seed(cfg.seed)
@@ -131,7 +152,10 @@ def train_sft(cfg, run):
         model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
     else:
         model, tok = load_model(cfg.model_path, device)
-    data = SFTData(cfg)
+    batches = SFTBatches(cfg, tok)
+    loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=cfg.data_workers,
+                                              pin_memory=device.type == "cuda", prefetch_factor=4 if cfg.data_workers else None,
+                                              persistent_workers=cfg.data_workers > 0))
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
     log_file = open(run.file("sft.log"), "a")
@@ -165,7 +189,7 @@ def train_sft(cfg, run):
                 lr = cfg.lr * lr_factor(min(progress, cfg.steps - 1), cfg)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                x, mask, y, loss_mask = encode_batch(data.batch(cfg.batch_size), tok, device)
+                x, mask, y, loss_mask = (t.to(device, non_blocking=True) for t in next(loader))
                 with autocast(device, cfg):
                     loss = sft_loss(model, x, mask, y, loss_mask)
                 optimizer.zero_grad(set_to_none=True)
@@ -189,7 +213,8 @@ def train_sft(cfg, run):
         finally:
             bar.close()
             reporter.close()
-            data.source.close()
+            batches.data.source.close()
+            del loader  # stops the worker processes
     if stop.name:
         log(f"{stop.name}: saving the snapshot at step {step}...")
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {run.save_final(model, tok)}")

@@ -105,6 +105,24 @@ def test_time_limit_stops_and_saves(tmp_path):
     assert model.config.n_layer == 1 and model.config.n_embd == 32
 
 
+def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
+    """--data_workers 2: batches come from two processes with their own seeds (no worker repeats another's
+    samples), each batch encoded as encode_batch would; a run with them writes its snapshot."""
+    cfg = parse_args(["--batch_size", "4", "--mix_env_ratio", "0.5", "--data_workers", "2"], "sft")
+    loader = torch.utils.data.DataLoader(sft.SFTBatches(cfg, tok), batch_size=None, num_workers=2)
+    first = [b for b, _ in zip(loader, range(4))]  # workers take turns: batches 0, 2 from one, 1, 3 from the other
+    assert all(x.shape == y.shape and x.dtype == torch.long for x, _, y, _ in first)
+    assert not torch.equal(first[0][0], first[1][0]) and not torch.equal(first[2][0], first[3][0])
+    in_process = next(iter(sft.SFTBatches(cfg, tok)))  # the training process's own stream, seeded cfg.seed
+    assert not any(torch.equal(in_process[0], b[0]) for b in first)
+    argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
+            "--run_name", "w", "--steps", "3", "--batch_size", "2", "--data_workers", "2"]
+    assert sft.main(argv) == 0
+    assert "done: 3 steps" in (tmp_path / "w" / "sft.log").read_text()
+    assert sft.main(argv[:-6] + ["--run_name", "g", "--data_source", "generate", "--data_workers", "1"]) == 1
+    assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
+
+
 def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
     argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
             "--run_name", "t", "--steps", "1", "--batch_size", "2"]
