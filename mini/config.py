@@ -183,6 +183,8 @@ class Config:
     n_embd: int = opt(256, "width of a model made from scratch (a multiple of --n_head)", check=at_least(1), scripts=SFT)
     n_positions: int = opt(256, "context length of a model made from scratch (a P: line is ~150 tokens)",
                            check=at_least(160), scripts=SFT)
+    grow_layers: int = opt(0, "deepen the --model_path snapshot to this many layers before training, computing the "
+                           "same function at first (0: keep its depth)", check=at_least(0), scripts=SFT)
     data_workers: int = opt(0, "processes that draw and encode sft.py's batches ahead of the GPU, each from its own "
                             "seed (0: in the training process)", check=at_least(0), scripts=SFT)
 

@@ -119,6 +119,29 @@ def sft_loss(model, x, mask, y, loss_mask):
     return loss.mean() + correction.mean()
 
 
+def grow_layers(model, n_layer):
+    """A copy of `model` n_layer deep that computes the same function: block i copies block i * L // n_layer of
+    the L, and every copy after a block's first has its output projections (attention and MLP) zeroed, so it adds
+    nothing to the residual stream until trained."""
+    L = model.config.n_layer
+    if n_layer < L:
+        raise ValueError(f"--grow_layers {n_layer} is fewer than the snapshot's {L} layers: it can only deepen a model")
+    like = next(model.parameters())
+    deep = GPT(dataclasses.replace(model.config, n_layer=n_layer)).to(like.device, like.dtype)
+    old, new = model.state_dict(), deep.state_dict()
+    for key in new:
+        if not key.startswith("transformer.h."):
+            new[key] = old[key].clone()
+            continue
+        i = int(key.split(".")[2])
+        src = i * L // n_layer
+        new[key] = old[key.replace(f".h.{i}.", f".h.{src}.", 1)].clone()
+        if i > 0 and (i - 1) * L // n_layer == src and ".c_proj." in key:  # not the first copy of block src
+            new[key].zero_()
+    deep.load_state_dict(new)
+    return deep
+
+
 def main(argv=None):
     cfg = parse_args(argv, "sft", "Supervised warm start: teach a GPT-2 the RookWorld formats (see mini/sft.py).")
     run = RunDir(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
@@ -152,6 +175,8 @@ def train_sft(cfg, run):
         model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
     else:
         model, tok = load_model(cfg.model_path, device)
+    if cfg.grow_layers and cfg.grow_layers != model.config.n_layer:
+        model = grow_layers(model, cfg.grow_layers)
     batches = SFTBatches(cfg, tok)
     loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=cfg.data_workers,
                                               pin_memory=device.type == "cuda", prefetch_factor=4 if cfg.data_workers else None,

@@ -455,6 +455,7 @@ FLAG_TESTS = {
     "report_to": "mini/test_train.py::test_report_to_tensorboard_mirrors_metrics_jsonl",
     "time_limit_min": "mini/test_sft.py::test_time_limit_stops_and_saves",
     "data_workers": "mini/test_sft.py::test_data_workers_draw_their_own_batches_and_train",
+    "grow_layers": "mini/test_sft.py::test_grown_model_computes_the_same_function",
     "auto_batch_size": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "memory_fraction": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "compile": "mini/test_config.py::test_fuzz_every_command_line_starts_or_is_one_line",

@@ -123,6 +123,30 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
     assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("n_layer", [3, 8, 11])
+def test_grown_model_computes_the_same_function(n_layer, tmp_path):
+    """--grow_layers: a 3-layer model deepened to 3, 8 or 11 layers gives the same logits (fp64), with every
+    parameter of the new blocks trainable; sft.py --grow_layers writes the deeper snapshot; shallower is refused."""
+    torch.manual_seed(0)
+    small = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, n_positions=256)).double()
+    for p in small.parameters():  # random everywhere, so a wrongly copied or zeroed block shows
+        torch.nn.init.normal_(p, std=0.3)
+    deep = sft.grow_layers(small, n_layer).double()
+    x = torch.randint(0, 50257, (2, 7))
+    mask = torch.ones_like(x, dtype=torch.bool)
+    assert deep.config.n_layer == n_layer
+    torch.testing.assert_close(deep(x, mask), small(x, mask), rtol=0, atol=1e-12)
+    if n_layer > 3:  # the new blocks are not all zero: each copies a trained block
+        assert all(p.abs().sum() > 0 for n, p in deep.named_parameters() if ".c_attn." in n)
+    save_model(small.float(), Tokenizer.gpt2(), str(tmp_path / "small"))
+    argv = ["--model_path", str(tmp_path / "small"), "--log_dir", str(tmp_path), "--steps", "1", "--batch_size", "2"]
+    assert sft.main(argv + ["--run_name", "g", "--grow_layers", str(n_layer)]) == 0
+    assert load_model(str(tmp_path / "g" / "final"))[0].config.n_layer == n_layer
+    if n_layer == 3:
+        with pytest.raises(ValueError, match="can only deepen"):
+            sft.grow_layers(small, 2)
+
+
 def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
     argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
             "--run_name", "t", "--steps", "1", "--batch_size", "2"]
