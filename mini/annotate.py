@@ -20,7 +20,8 @@ import chess.engine
 import numpy as np
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, Parser, at_least
+from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least
+from mini.flags import Parser
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,

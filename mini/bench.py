@@ -28,7 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 import torch
 
 from mini.autobatch import choose_batch_size
-from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, Parser, Switch, at_least
+from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
+from mini.flags import Parser, Switch
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model

@@ -20,7 +20,8 @@ import chess
 import chess.engine
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, MATE_PATH, Config, Parser, Switch, at_least, between
+from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
+from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
 from mini.formats import env_completion, env_prompt, parse_env, policy_prompt, position_key

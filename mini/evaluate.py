@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, FIELDS, Config, Parser, Switch, at_least
+from mini.config import EVAL_PATH, FIELDS, Config, at_least
+from mini.flags import Parser, Switch
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model

@@ -14,7 +14,8 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from mini.config import SHIPPED_MODEL, looks_like_path
+from mini.config import SHIPPED_MODEL
+from mini.flags import looks_like_path
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 

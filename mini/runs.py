@@ -455,6 +455,9 @@ class RunDir:
         return best
 
 
+caught_signals = []  # each SIGINT / SIGTERM a run took over in this process, in order (mini/conftest.py reads it)
+
+
 class StopSignals:
     """Within `with`: the first SIGINT or SIGTERM is noted in `name` (the run stops after its step, with a
     checkpoint) and announced; a second one quits at once (KeyboardInterrupt), which never damages a checkpoint
@@ -472,6 +475,7 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def handle(self, signum, frame):
+        caught_signals.append(signum)
         if self.name:
             raise KeyboardInterrupt
         self.name = signal.Signals(signum).name

@@ -35,7 +35,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from mini.config import parse_args
+from mini.flags import parse_args
 from mini.dataset import ReplayBuffer, make_source
 from mini.positions import iter_positions
 from mini.loader import LoadError, load_model

@@ -15,7 +15,8 @@ import mini.bench as bench
 import mini.evaluate as evaluate
 import mini.sft as sft
 import mini.train as train
-from mini.config import POOL_PATH, Config, parse_args
+from mini.config import POOL_PATH, Config
+from mini.flags import parse_args
 from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 

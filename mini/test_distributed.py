@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import mini.train as train
-from mini.config import POOL_PATH, parse_args
+from mini.config import POOL_PATH
+from mini.flags import parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.loader import load_model
 from mini.rollout import Rollout, merge_sampling

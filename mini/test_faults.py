@@ -487,6 +487,7 @@ def test_run_names_longer_than_the_file_system_allows(tiny, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- signals during start-up
 
+@pytest.mark.sends_signals
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_the_model_loads(tiny, tmp_path, capsys, monkeypatch, signum):
     load = train.load_model

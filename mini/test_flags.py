@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import mini.train as train
-from mini.config import FIELDS, POOL_PATH, Config, parse_args
+from mini.config import FIELDS, POOL_PATH, Config
+from mini.flags import parse_args
 from mini.dataset import PoolSource, StreamSource, make_source
 from mini.formats import policy_prompt
 from mini.loader import save_model
@@ -100,7 +101,7 @@ def test_loss_flags_reach_the_loss(shared, monkeypatch, name):
 
 
 def test_fused_logprobs_reaches_the_policy_and_reference_heads(files, tmp_path, shared, monkeypatch):
-    """--fused_logprobs: the loss gets the policy's and the reference's output layers as fused grpo.Heads
+    """--fused_logprobs: the loss gets the policy's and the reference's output layers as fused logprobs.Heads
     (log-probs without the logits); without it, plain ones."""
     monkeypatch.setattr(shared.cfg, "kl_type", "forward")  # an exact KL: the reference's Head reaches the loss
     for t, fused in ((trainer(files, tmp_path, "--fused_logprobs", "--kl_type", "forward"), True), (shared, False)):

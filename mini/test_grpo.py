@@ -10,9 +10,9 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 from torch.distributions import Categorical, kl_divergence
 
-from mini.grpo import (AdaptiveKLController, Head, LossSettings, RewardBaseline, ValueHead, aggregate, entropy, exact_kl, gae,
-                       group_advantages, group_rows, grpo_loss, head_logprobs, k3_kl, kl_coef_at, normalisers, policy_loss,
-                       read_metrics, token_logprobs, value_loss)
+from mini.grpo import (AdaptiveKLController, LossSettings, RewardBaseline, ValueHead, aggregate, gae, group_advantages,
+                       group_rows, grpo_loss, k3_kl, kl_coef_at, normalisers, policy_loss, read_metrics, value_loss)
+from mini.logprobs import Head, entropy, exact_kl, head_logprobs, token_logprobs
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
 LENS = [6, 3, 2, 1, 6, 2, 4, 5]  # uneven completion lengths, N = 8 = 2 groups of K = 4

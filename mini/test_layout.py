@@ -12,10 +12,10 @@ import pytest
 
 # bottom to top: a library module may import only the library modules listed before it
 LIBRARY = [
-    "config", "runtime", "distributed",    # settings; device, autocast, LR schedule, seeding; torchrun
+    "config", "flags", "runtime", "distributed",  # settings; their command line; device, autocast, LR schedule; torchrun
     "tokenizer", "model", "sampler", "loader",  # GPT-2, its decoding, its snapshots
     "formats", "stockfish", "positions", "dataset",  # RookWorld text, Stockfish, positions, prompt sources
-    "reward_scorer", "grpo", "rollout",    # rewards; the objective as tensor functions; a step's batch as data
+    "reward_scorer", "logprobs", "grpo", "rollout",  # rewards; log-probs, the objective as tensor functions; a step's batch
     "runs", "report", "plots",             # run directories, checkpoints and resume; dashboards (TRL's names); PNGs
     "evaluate", "games", "selfplay",       # held-out metrics; games between players; on-policy training positions
     "autobatch",                           # --auto_batch_size: the largest batch that fits
@@ -42,7 +42,7 @@ def mini_imports(path):
 
 def modules():
     return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(HERE, "*.py"))
-                  if not os.path.basename(p).startswith(("test_", "__")))
+                  if not os.path.basename(p).startswith(("test_", "__", "conftest")))
 
 
 def test_every_module_is_on_a_floor():

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import mini.train as train
-from mini.config import POOL_PATH, parse_args
+from mini.config import POOL_PATH
+from mini.flags import parse_args
 from mini.grpo import LossSettings, grpo_loss, policy_loss
 from mini.loader import save_model
 from mini.reward_scorer import score_batch

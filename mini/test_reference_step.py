@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mini.train as train
-from mini.config import parse_args
+from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.sampler import generate
 from mini.test_train import EOS, NEVER, tiny_gpt
@@ -217,7 +217,7 @@ CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the w
     "dapo-k3-micro1-2epochs": ["--loss_type", "dapo", "--micro_batch_size", "1", "--num_iterations", "2"],
     "grpo-gae-micro2-2epochs": ["--use_gae", "--gamma", "0.9", "--gae_lambda", "0.8", "--micro_batch_size", "2",
                                 "--num_iterations", "2"],
-    # the fused output layer (grpo.Head): log-probs and the entropy bonus from it, the exact KL through its logits
+    # the fused output layer (logprobs.Head): log-probs and the entropy bonus from it, the exact KL through its logits
     "dapo-forward-fused-micro2": ["--fused_logprobs", "--loss_type", "dapo", "--kl_type", "forward",
                                   "--micro_batch_size", "2"],
 }

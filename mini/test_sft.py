@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import mini.sft as sft
-from mini.config import parse_args
+from mini.flags import parse_args
 from mini.config import EVAL_PATH, POOL_PATH
 from mini.dataset import load_jsonl
 from mini.chess_eval import load_mates

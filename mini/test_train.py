@@ -28,7 +28,8 @@ import torch
 import mini.reward_scorer as reward_scorer
 import mini.train as train
 from mini.autobatch import find_batch_size
-from mini.config import Config, parse_args
+from mini.config import Config
+from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import Rollout
@@ -399,6 +400,44 @@ def test_signal_handlers_are_restored_after_main(tiny, tmp_path):
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE_WITH_A_SIGNAL = """
+import os, signal
+import pytest
+import mini.train as train
+from mini.test_train import args, tiny  # noqa: F401
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_run(tiny, tmp_path, monkeypatch, run):
+    with open(os.environ["RAN"], "a") as f:
+        f.write(run + "\\n")
+    finish_step = train.Trainer.finish_step
+
+    def finish_then_signal(self, m, r, tasks):
+        finish_step(self, m, r, tasks)
+        signal.raise_signal(signal.{name})  # as if Ctrl-C or a kill came while the step ran
+    monkeypatch.setattr(train.Trainer, "finish_step", finish_then_signal)
+    assert train.main(args(tiny, tmp_path, run, 3)) == 1  # the run saved and stopped
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_a_run_under_test_stops_the_suite(tmp_path, sig):
+    """mini/conftest.py: the run under test takes the signal, saves, and the suite stops after that test (Ctrl-C:
+    pytest reports an interrupted session; SIGTERM: the process ends by it) instead of going on to the next."""
+    (tmp_path / "test_signalled.py").write_text(SUITE_WITH_A_SIGNAL.format(name=signal.Signals(sig).name))
+    env = {**os.environ, "RAN": str(tmp_path / "ran.txt"), "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "mini.conftest", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_signalled.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert (tmp_path / "ran.txt").read_text().split() == ["first"], proc.stdout + proc.stderr
+    if sig == signal.SIGINT:
+        assert proc.returncode == 2 and "KeyboardInterrupt" in proc.stdout
+    else:
+        assert proc.returncode == -signal.SIGTERM
+
+
 def test_log_line_has_the_digits_and_the_time_left():
     m = {"step": 3, "loss": 1.234e-6, "reward_mean": 0.5, "kl": 2e-7, "time_step": 1.5}
     line = train.log_line(m, ["P"] * 6 + ["A"] * 3, 3, 0.6, eta=125)
@@ -438,6 +477,7 @@ def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
     assert not (tmp_path / "sig" / "run.lock").exists()
 
 
+@pytest.mark.sends_signals
 def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypatch):
     finish_step = train.Trainer.finish_step
 

@@ -20,9 +20,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from mini import distributed, grpo
+from mini import distributed, grpo, logprobs
 from mini.autobatch import choose_batch_size
-from mini.config import parse_args
+from mini.flags import parse_args
 from mini.dataset import ReplayBuffer, make_source
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
@@ -30,7 +30,7 @@ from mini.loader import LoadError, load_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
 from mini.rollout import GlobalBatch, InformativeGroups, Rollout
-from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, disk_full, given_flags,
+from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
 from mini.runtime import PhaseTimer, autocast, lr_factor, peak_memory_mb, resolve_device, seed_everything
 from mini.sampler import generate
@@ -40,7 +40,7 @@ from mini.stockfish import EngineFailure
 
 class PolicyHead(torch.nn.Module):
     """The trained modules as one forward, so that DistributedDataParallel syncs the value head's gradients
-    with the model's: the completion positions' output layer input (grpo.Head, n x Tc positions) and value
+    with the model's: the completion positions' output layer input (logprobs.Head, n x Tc positions) and value
     estimates (n, Tc) or None."""
 
     def __init__(self, model, value_head, hidden, autocast, fused=False):
@@ -51,8 +51,8 @@ class PolicyHead(torch.nn.Module):
         with self.autocast():
             # (n, Tc, C): position t predicts token t + 1; the group's shared prompt is computed once
             h = self.hidden(ids[:, :-1], mask[:, :-1], Tp - 1, groups)
-            # the output layer's input (grpo.Head): the loss takes log-probs from it, fused or through the logits
-            return grpo.Head.of(h, self.model.lm_head.weight, self.fused), \
+            # the output layer's input (logprobs.Head): the loss takes log-probs from it, fused or through the logits
+            return logprobs.Head.of(h, self.model.lm_head.weight, self.fused), \
                 self.value_head(h) if self.value_head is not None else None
 
 
@@ -79,7 +79,7 @@ class Trainer(Resumable):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         seed_everything(cfg.seed + self.rank)  # ranks sample different completions; rank 0 is a plain run's
-        self.local_batch = cfg.batch_size // self.world  # config.problems checked that it divides
+        self.local_batch = cfg.batch_size // self.world  # flags.problems checked that it divides
         self.run_dir = RunDir(cfg.log_dir, distributed.from_main(cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")))
         self.log = self.run_dir.log if self.main else (lambda line: None)
         try:
@@ -211,10 +211,10 @@ class Trainer(Resumable):
                 ids, mask, comp_ids = r.ids[sl], r.mask[sl], r.comp_ids[sl]
                 if cfg.kl_type == "k3":
                     logits = self.ref_head(ids, mask, r.Tp, groups)[0]
-                    ref_logp.append(grpo.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
+                    ref_logp.append(logprobs.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                 if cfg.num_iterations > 1 or cfg.use_gae:
                     logits, values = self.policy(ids, mask, r.Tp, groups)
-                    old_logp.append(grpo.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
+                    old_logp.append(logprobs.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                     if cfg.use_gae:
                         old_values.append(values)
         r.ref_logp, r.old_logp, r.old_values = (torch.cat(x) if x else None for x in (ref_logp, old_logp, old_values))
@@ -400,7 +400,10 @@ def main(argv=None):
             print(line, file=sys.stderr)
     # until the loop takes the signals over, both stop the start-up as Ctrl-C does, whatever handler the caller had
     # installed: no run directory is left half-made
-    startup = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def stop_startup(signum, frame):
+        caught_signals.append(signum)
+        raise KeyboardInterrupt
+    startup = {sig: signal.signal(sig, stop_startup) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         saved, source = saved_settings(cfg)
         if saved is not None:

@@ -1,0 +1,173 @@
+"""
+The command line of Config: flags generated from its fields (grouped by topic in --help, booleans as
+--name / --no_name), and every check that runs on them before a model loads: values, combinations, the
+device, the files they name. A bad flag exits with code 2 and one sentence.
+"""
+import argparse
+import math
+import os
+import re
+
+from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config
+
+# --help's topics: each opens at its field and runs to the next one's, in the order of Config
+SECTIONS = {"model_path": "model and run", "temperature": "sampling", "mix_env_ratio": "tasks and data",
+            "steps": "the GRPO objective", "lr": "optimisation", "eval_every": "evaluation, logs and checkpoints",
+            "n_layer": "a model made from scratch"}
+
+def device_problem(name):
+    """Why --device `name` cannot be used here, or None."""
+    if name in ("auto", "cpu"):
+        return None
+    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if not m:
+        return f"--device {name!r} must be auto, cpu, cuda or cuda:N"
+    import torch  # only here: the flags themselves need no torch
+    if not torch.cuda.is_available():
+        return (f"--device {name} but this torch ({torch.__version__}) sees no CUDA device; use --device cpu, "
+                "or install a CUDA build of torch")
+    if m.group(1) and int(m.group(1)) >= torch.cuda.device_count():
+        return f"--device {name} but there are {torch.cuda.device_count()} CUDA devices (cuda:0 ...)"
+    return None
+
+
+def problems(values, checks=None):
+    """One sentence per bad value among parsed flags (a dict name -> value), whichever script parsed them:
+    each number against its field's check (or `checks`, for flags that are not Config fields), then the
+    combinations."""
+    checks = {**{n: f.metadata["check"] for n, f in FIELDS.items() if f.metadata["check"]}, **(checks or {})}
+    out = []
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"--{name} {value} is not a finite number")
+        elif name in checks and value is not None and not checks[name][0](value):
+            out.append(f"--{name} {value} must be {checks[name][1]}")
+    v = values.get
+    if v("device"):
+        out.append(device_problem(v("device")))
+    if v("data_file") and v("data_source") in ("pool", "generate", "selfplay"):
+        out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
+    if v("data_source") == "file" and not v("data_file"):
+        out.append("--data_source file needs --data_file PATH")
+    if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):
+        out.append(f"--micro_batch_size {v('micro_batch_size')} is larger than the batch of --batch_size x --k_samples = "
+                   f"{v('batch_size') * v('k_samples')} completions; lower it or use 0 (the whole batch)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    if world > 1 and v("batch_size") and v("batch_size") % world:
+        out.append(f"--batch_size {v('batch_size')} does not divide among the {world} processes torchrun started "
+                   f"(it is the global number of prompts per step); use a multiple of {world}")
+    if v("n_embd") and v("n_head") and v("n_embd") % v("n_head"):
+        out.append(f"--n_embd {v('n_embd')} must be a multiple of --n_head {v('n_head')}")
+    if v("baseline_type") == "ema" and v("scale_rewards", "group") == "group":
+        out.append("--baseline_type ema with --scale_rewards group divides a group's distance from the running mean by "
+                   "the group's own spread, so near-equal rewards far from that mean get huge advantages; "
+                   "add --scale_rewards batch or none")
+    starts = [f"--{n}" for n in START_FLAGS if v(n)]
+    if len(starts) > 1:
+        out.append(f"{' and '.join(starts)} say different things; use one of them")
+    if (v("auto_resume") or v("recovery_mode")) and not v("run_name"):
+        out.append(f"{starts[0]} needs --run_name: the run to continue")
+    if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
+        out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
+        out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
+                   "a file name may have; pick a shorter one")
+    out += missing_files(values)
+    return [p for p in out if p]
+
+
+def looks_like_path(name):
+    """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
+    (logs/nope: logs exists here)."""
+    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1
+            or os.path.isdir(name.split("/")[0]))
+
+
+def missing_files(values):
+    """The files the flags name that are not there, one sentence each: looked for at parse time, before any
+    model loads."""
+    v, out = values.get, []
+    model = v("model_path")
+    if model and model != "scratch" and looks_like_path(model) and not os.path.isdir(model):
+        out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
+                   "or a hub id like jrahn/RookWorld-LM-124M")
+    missing = [path for path in (v("data_file") or "").split(",") if path and not os.path.isfile(path)]
+    if missing:
+        out.append(f"--data_file {', '.join(missing)}: no such file")
+    for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):
+        if v(needed_by) and not os.path.isfile(path):
+            out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "
+                       "git checkout mini/data")
+    return out
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default is not None and action.default is not argparse.SUPPRESS:
+            text += f" (default: {action.default!r})".replace("%", "%%")
+        return text
+
+
+class Switch(argparse.Action):
+    """--name sets a boolean, --no_name clears it: one line in --help."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no_"))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with exact flag names (no abbreviations), every default in --help, the checks of problems()
+    on the parsed values, and errors of one line."""
+
+    def __init__(self, description, checks=None, **kw):
+        kw.setdefault("usage", "%(prog)s [options]")  # the options are listed below, with their defaults
+        super().__init__(description=description, allow_abbrev=False, formatter_class=HelpFormatter, **kw)
+        self.checks = checks  # {flag: (predicate, what it must be)} beyond the Config fields
+        # "-1e-5" and "-inf" are values, where argparse would take them for flags ("expected one argument")
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf$", re.IGNORECASE)
+
+    def add_argument(self, *args, **kw):
+        """A flag named like a Config field gets that field's help unless it brings its own."""
+        action = super().add_argument(*args, **kw)
+        if action.help is None and action.dest in FIELDS:
+            action.help = FIELDS[action.dest].metadata["help"]
+        return action
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for problem in problems(vars(parsed), self.checks)[:1]:
+            self.error(problem)
+        return parsed
+
+
+def add_config_flags(parser, script):
+    """Flags for the Config fields that `script` uses, booleans as --name / --no_name, grouped by SECTIONS."""
+    group = None
+    for name, f in FIELDS.items():
+        group = parser.add_argument_group(SECTIONS[name]) if name in SECTIONS else group
+        if script not in f.metadata["scripts"]:
+            continue
+        if isinstance(f.default, bool):
+            group.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
+                                help=f.metadata["help"])
+        else:
+            group.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=f.metadata["choices"],
+                                help=f.metadata["help"])
+
+
+def parse_args(argv=None, script="train", description="Fine-tune RookWorld-LM with GRPO."):
+    """The Config of `script`'s flags (the other fields keep their defaults), checked: a bad value exits
+    with code 2 and one line."""
+    p = Parser(description)
+    add_config_flags(p, script)
+    return Config(**vars(p.parse_args(argv)))
+
