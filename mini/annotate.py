@@ -20,7 +20,7 @@ import chess.engine
 import numpy as np
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least
+from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
 from mini.flags import Parser
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
@@ -99,18 +99,20 @@ def game_positions(games, rng, n, exclude=frozenset()):
     return out
 
 
-def game_env_records(games, rng, exclude=frozenset(), per_bucket=None, cut_rate=0.25):
+def game_env_records(games, rng, exclude=frozenset(), per_bucket=None, cut_rate=0.25, limit=0):
     """Distinct A: transitions of the games as (fen, move, history incl. move): the move played (88%), an illegal
     move (10%) or no UCI move (2%), none on or onto a position whose key is in exclude. The history is the game's
     own, cut to a random shorter length a cut_rate share of the time: a position handed over without its whole
     game. per_bucket: that many of each history-length bucket (HISTORY_BUCKETS), each cut to a length drawn within
-    its bucket; else every transition once."""
+    its bucket; else every transition once, or the first `limit` of them in a shuffled order (0: all)."""
     plies = [(fen, history, played) for moves, _ in games for fen, history, played in game_transitions(moves)]
     rng.shuffle(plies)
     out, seen = [], set()
     for lo, hi in HISTORY_BUCKETS if per_bucket is not None else [(None, None)]:
         taken = 0
         for fen, history, played in plies:
+            if limit and len(out) == limit:
+                break
             if per_bucket is not None:
                 if taken == per_bucket:
                     break
@@ -149,7 +151,8 @@ def build_from_games(a):
     for fen, move, _ in eval_env:
         held_out |= record_keys(fen, move)
     pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out)
-    pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out)
+    pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out, cut_rate=a.cut_rate,
+                                limit=a.transitions)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
                 "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
@@ -187,7 +190,8 @@ def describe(path):
 def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
-               checks={"pool": at_least(1), "eval": at_least(0)})  # else the slices below write other counts
+               checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),
+                       "cut_rate": between(0, 1)})  # else the slices below write other counts
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
@@ -206,6 +210,10 @@ def main(argv=None):
                    "set: a further training pool under another --seed, free of every shipped held-out position)")
     p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
                    "(with --games)")
+    p.add_argument("--transitions", type=int, default=0, help="at most this many A: transitions in the pool, drawn "
+                   "uniformly (with --games; 0: every one)")
+    p.add_argument("--cut_rate", type=float, default=0.25, help="share of the pool's A: transitions whose history is cut "
+                   "to a random shorter length, as for a position handed over without its game (with --games)")
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
     if a.describe:

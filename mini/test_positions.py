@@ -70,6 +70,29 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     assert min(len(h) for _, _, h in rest) == 1  # the games' own starts
 
 
+def test_a_capped_pool_is_the_first_of_the_full_one_and_cut_rate_shortens_histories(games):
+    full = game_env_records(games, random.Random(2))
+    assert game_env_records(games, random.Random(2), limit=7) == full[:7]  # a uniform draw: the order is shuffled
+    mean_history = lambda rate: sum(len(h) for _, _, h in game_env_records(games, random.Random(2), cut_rate=rate))
+    assert mean_history(1.0) < mean_history(0.25) < mean_history(0.0)
+
+
+def test_a_further_pool_leaves_every_shipped_held_out_position_out(tmp_path, monkeypatch):
+    """--eval_games 0: no held-out set is written, and the pool has no position of the shipped held-out sets (here
+    a fake one that holds every position of the first training game)."""
+    import mini.dataset as dataset
+    games = play_games("2-train", 2, "", 1, str(tmp_path))
+    first = {position_key(fen) for fen, _, _ in game_transitions(games[0][0])} - {position_key(chess.STARTING_FEN)}
+    monkeypatch.setattr(dataset, "held_out_keys", lambda: frozenset(first))
+    monkeypatch.setattr("mini.annotate.held_out_keys", dataset.held_out_keys)
+    pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
+    annotate_main(["--games", "2", "--eval_games", "0", "--pool", "20", "--transitions", "50", "--seed", "2",
+                   "--depth", "2", "--workers", "1", "--cache", "", "--pool_path", str(pool), "--eval_path", str(ev)])
+    samples = load_jsonl(str(pool))
+    assert not ev.exists() and sum(s.task == "A" for s in samples) == 50
+    assert not first & {position_key(f) for s in samples for f in (s.fen, s.next_fen) if f}
+
+
 def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
     annotate_main(["--games", "2", "--eval_games", "2", "--pool", "30", "--eval", "10", "--eval_transitions", "6",
