@@ -92,6 +92,17 @@ MUTANTS = [
     Mutant("entropy_penalised", "the entropy bonus becomes a penalty",
            "grpo.py", "loss = loss - s.entropy_coef * agg(ent_t)", "loss = loss + s.entropy_coef * agg(ent_t)",
            ("mini/test_grpo.py", REFERENCE)),
+    # log-probs and entropy (mini/logprobs.py)
+    Mutant("logprob_grad_without_onehot", "the hand-written log-prob backward drops the sampled token's onehot",
+           "logprobs.py", "out[c] = p.scatter_add_(1, i[c], g[c])", "out[c] = p", ("mini/test_grpo.py",)),
+    Mutant("fused_entropy_sign", "the fused head's entropy has its sign flipped",
+           "logprobs.py", "ent[c] = lse - (torch.softmax(x, -1) * x).sum(-1)",
+           "ent[c] = (torch.softmax(x, -1) * x).sum(-1) - lse", ("mini/test_grpo.py",)),
+    # the command line (mini/flags.py)
+    Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
+           "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',
+           'if False and v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',
+           ("mini/test_config.py",)),
     # the run: resume, recovery, stopping (mini/test_train.py)
     Mutant("kl_coef_not_restored", "the adaptive KL coefficient restarts from --kl_coef on resume",
            "runs.py", 'self.kl_ctl.load_state_dict(s["kl_ctl"])', "pass", (RESUME,)),
