@@ -24,7 +24,7 @@ from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
-from mini.formats import env_completion, env_prompt, parse_env, policy_prompt, position_key
+from mini.formats import env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
                         policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
@@ -85,16 +85,20 @@ def write_mates(path, records, meta):
 
 # ----------------------------------------------------------------------------- 2. move quality
 
-def quality_values(losses):
-    """Per position: chess_cpl (clipped centipawn loss) and chess_blunder (loss >= BLUNDER_CP)."""
+def quality_values(losses, legal):
+    """Per position: chess_cpl (clipped centipawn loss, an illegal or missing move costing the cap), chess_cpl_legal
+    (the same where the move was legal, else None: not measured) and chess_blunder (loss >= BLUNDER_CP)."""
     return {"chess_cpl": [float(r["loss"]) for r in losses],
+            "chess_cpl_legal": [float(r["loss"]) if ok else None for r, ok in zip(losses, legal)],
             "chess_blunder": [float(r["loss"] >= BLUNDER_CP) for r in losses]}
 
 
 def eval_quality(player, fens, annotator):
     completions = in_batches(player, [policy_prompt(f) for f in fens], desc="move quality")
-    losses = annotator.move_losses([(f, policy_move(c)) for f, c in zip(fens, completions)])
-    return quality_values(losses), [dict(r, fen=f, completion=c) for f, c, r in zip(fens, completions, losses)]
+    moves = [policy_move(c) for c in completions]
+    losses = annotator.move_losses(list(zip(fens, moves)))
+    legal = [m in legal_ucis(f) for f, m in zip(fens, moves)]
+    return quality_values(losses, legal), [dict(r, fen=f, completion=c) for f, c, r in zip(fens, completions, losses)]
 
 
 # ----------------------------------------------------------------------------- 3. self-play and 5. arbiter

@@ -55,6 +55,8 @@ def in_batches(player, prompts, batch_size=64, desc=""):
 
 
 def mean(xs):
+    """The mean of the measured values (None: not measured); nan with none."""
+    xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else float("nan")
 
 

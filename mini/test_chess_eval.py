@@ -144,8 +144,12 @@ def test_centipawn_loss_hand_checked():
     assert r[2]["loss"] == r[2]["best_cp"] - r[2]["move_cp"]
     assert r[3]["loss"] == r[4]["loss"] == 1000 and r[3]["best"] is None  # illegal, and no move at all
     assert 0 <= r[5]["loss"] < 100                              # a sound developing move
-    assert ce.quality_values(r) == {"chess_cpl": [0.0, 1000.0, float(r[2]["loss"]), 1000.0, 1000.0, float(r[5]["loss"])],
-                                    "chess_blunder": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]}
+    legal = [True, True, True, False, False, True]
+    assert ce.quality_values(r, legal) == {
+        "chess_cpl": [0.0, 1000.0, float(r[2]["loss"]), 1000.0, 1000.0, float(r[5]["loss"])],
+        "chess_cpl_legal": [0.0, 1000.0, float(r[2]["loss"]), None, None, float(r[5]["loss"])],
+        "chess_blunder": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]}
+    assert ce.mean(ce.quality_values(r, legal)["chess_cpl_legal"]) == (1000 + r[2]["loss"] + r[5]["loss"]) / 4
 
 
 @needs_stockfish
