@@ -29,6 +29,7 @@ logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 import dataclasses
 import json
 import random
+import signal
 import sys
 import time
 
@@ -84,6 +85,13 @@ class SFTBatches(torch.utils.data.IterableDataset):
             self.data.positions = iter_positions(seed)
         while True:
             yield encode_batch(self.data.batch(self.cfg.batch_size), self.tok, "cpu")
+
+
+def quiet_worker(_):
+    """A worker ignores Ctrl-C and SIGTERM, which reach its whole process group: the training process takes
+    them, finishes its step, saves and stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def encode_batch(samples, tok, device):
@@ -180,7 +188,7 @@ def train_sft(cfg, run):
     batches = SFTBatches(cfg, tok)
     loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=cfg.data_workers,
                                               pin_memory=device.type == "cuda", prefetch_factor=4 if cfg.data_workers else None,
-                                              persistent_workers=cfg.data_workers > 0))
+                                              persistent_workers=cfg.data_workers > 0, worker_init_fn=quiet_worker))
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
     log_file = open(run.file("sft.log"), "a")

@@ -4,6 +4,9 @@
 """
 import glob
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -121,6 +124,16 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
     assert "done: 3 steps" in (tmp_path / "w" / "sft.log").read_text()
     assert sft.main(argv[:-6] + ["--run_name", "g", "--data_source", "generate", "--data_workers", "1"]) == 1
     assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
+    # a SIGTERM to the whole process group (a terminal's Ctrl-C, `timeout`): the run saves, the workers stay quiet
+    proc = subprocess.Popen([sys.executable, "-m", "mini.sft", *argv[:-6], "--run_name", "k", "--steps", "100000",
+                             "--data_workers", "2"], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "k" / "sft.log"
+    while proc.poll() is None and "step    10" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert "SIGTERM: saving the snapshot" in log.read_text() and (tmp_path / "k" / "final" / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("n_layer", [3, 8, 11])
