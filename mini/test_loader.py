@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mini.config import SHIPPED_MODEL
+from mini.config import CI_MODEL, SHIPPED_MODEL
 from mini.loader import CONV1D, LoadError, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
@@ -97,7 +97,7 @@ def test_hub_offline_without_cache(monkeypatch, tmp_path):
     monkeypatch.chdir(os.path.dirname(os.path.dirname(SHIPPED_MODEL)) + "/..")  # the repository root
     with pytest.raises(LoadError, match="Hugging Face hub or its local cache") as e:
         load_model("jrahn/RookWorld-LM-124M")
-    assert str(e.value).endswith("offline: --model_path mini/data/rookworld-8m")  # the way out, runnable as shown
+    assert str(e.value).endswith("offline: --model_path mini/data/rookworld-10m")  # the way out, runnable as shown
 
 
 def test_bf16_snapshot(snapshot, tmp_path):
@@ -110,15 +110,16 @@ def test_bf16_snapshot(snapshot, tmp_path):
 
 
 @torch.no_grad()
-def test_shipped_model_loads_here_and_in_transformers():
-    files = {f: os.path.getsize(os.path.join(SHIPPED_MODEL, f)) for f in os.listdir(SHIPPED_MODEL)}
+@pytest.mark.parametrize("shipped", [SHIPPED_MODEL, CI_MODEL])
+def test_shipped_model_loads_here_and_in_transformers(shipped):
+    files = {f: os.path.getsize(os.path.join(shipped, f)) for f in os.listdir(shipped)}
     assert set(files) == {"config.json", "model.safetensors", "vocab.json", "merges.txt"}
     assert sum(files.values()) <= 25 * 2**20
-    assert {w.dtype for w in load_file(os.path.join(SHIPPED_MODEL, "model.safetensors")).values()} == {torch.bfloat16}
-    ours, tok = load_model(SHIPPED_MODEL)
+    assert {w.dtype for w in load_file(os.path.join(shipped, "model.safetensors")).values()} == {torch.bfloat16}
+    ours, tok = load_model(shipped)
     ids = torch.tensor([tok.encode("P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 ")])
     transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
-    hf = transformers.GPT2LMHeadModel.from_pretrained(SHIPPED_MODEL, torch_dtype=torch.float32).eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(shipped, torch_dtype=torch.float32).eval()
     assert (hf(ids).logits - ours(ids)).abs().max() <= 1e-4
 
 
