@@ -455,13 +455,15 @@ class RunDir:
         return best
 
 
+SIGTERM_ECHO_S = 2.0  # a second SIGTERM sooner than this after the first is the same request delivered twice
 caught_signals = []  # each SIGINT / SIGTERM a run took over in this process, in order (mini/conftest.py reads it)
 
 
 class StopSignals:
     """Within `with`: the first SIGINT or SIGTERM is noted in `name` (the run stops after its step, with a
     checkpoint) and announced; a second one quits at once (KeyboardInterrupt), which never damages a checkpoint
-    (they are written to .tmp and renamed). The handlers in place before come back on exit, also in a test process."""
+    (they are written to .tmp and renamed); a SIGTERM repeated within SIGTERM_ECHO_S is the same request. The handlers in
+    place before come back on exit, also in a test process."""
 
     def __init__(self, announce):
         self.name, self.announce, self.before = None, announce, {}
@@ -477,8 +479,10 @@ class StopSignals:
     def handle(self, signum, frame):
         caught_signals.append(signum)
         if self.name:
+            if signum == signal.SIGTERM and time.monotonic() - self.first_at < SIGTERM_ECHO_S:
+                return  # `timeout` sends its SIGTERM to the process and again to its group: one request, not two
             raise KeyboardInterrupt
-        self.name = signal.Signals(signum).name
+        self.name, self.first_at = signal.Signals(signum).name, time.monotonic()
         self.announce(self.name)
 
 

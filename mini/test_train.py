@@ -478,13 +478,16 @@ def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
 
 
 @pytest.mark.sends_signals
-def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypatch, times):
+    """Also a SIGTERM delivered twice at once, as `timeout` does (to the process, then to its group): one request."""
     finish_step = train.Trainer.finish_step
 
     def finish_then_signal(self, m, r, tasks):
         finish_step(self, m, r, tasks)
         if self.step == 2:
-            signal.raise_signal(signal.SIGTERM)  # as if it came while step 2 ran: the run's handler takes it
+            for _ in range(times):
+                signal.raise_signal(signal.SIGTERM)  # as if it came while step 2 ran: the run's handler takes it
     monkeypatch.setattr(train.Trainer, "finish_step", finish_then_signal)
     assert train.main(args(tiny, tmp_path, "last", 2)) == 0
     assert (tmp_path / "last" / "final" / "model.safetensors").exists()
