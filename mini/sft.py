@@ -28,8 +28,8 @@ logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 """
 import dataclasses
 import json
+import os
 import random
-import signal
 import sys
 import time
 
@@ -87,11 +87,11 @@ class SFTBatches(torch.utils.data.IterableDataset):
             yield encode_batch(self.data.batch(self.cfg.batch_size), self.tok, "cpu")
 
 
-def quiet_worker(_):
-    """A worker ignores Ctrl-C and SIGTERM, which reach its whole process group: the training process takes
-    them, finishes its step, saves and stops the workers."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def detach_worker(_):
+    """A worker leaves the training process's group, so that a Ctrl-C or a SIGTERM sent to the group (a terminal,
+    `timeout`) reaches the training process alone: it finishes its step, saves and stops the workers. A signal
+    sent to the worker itself still ends it, as DataLoader's shutdown needs."""
+    os.setpgrp()
 
 
 def encode_batch(samples, tok, device):
@@ -188,7 +188,7 @@ def train_sft(cfg, run):
     batches = SFTBatches(cfg, tok)
     loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=cfg.data_workers,
                                               pin_memory=device.type == "cuda", prefetch_factor=4 if cfg.data_workers else None,
-                                              persistent_workers=cfg.data_workers > 0, worker_init_fn=quiet_worker))
+                                              persistent_workers=cfg.data_workers > 0, worker_init_fn=detach_worker))
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
     log_file = open(run.file("sft.log"), "a")

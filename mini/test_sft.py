@@ -3,6 +3,7 @@
     python mini/test_sft.py
 """
 import glob
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -113,7 +114,9 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
     samples), each batch encoded as encode_batch would; a run with them writes its snapshot."""
     cfg = parse_args(["--batch_size", "4", "--mix_env_ratio", "0.5", "--data_workers", "2"], "sft")
     loader = torch.utils.data.DataLoader(sft.SFTBatches(cfg, tok), batch_size=None, num_workers=2)
-    first = [b for b, _ in zip(loader, range(4))]  # workers take turns: batches 0, 2 from one, 1, 3 from the other
+    batches = iter(loader)
+    first = [next(batches) for _ in range(4)]  # workers take turns: batches 0, 2 from one, 1, 3 from the other
+    del batches  # stops its workers
     assert all(x.shape == y.shape and x.dtype == torch.long for x, _, y, _ in first)
     assert not torch.equal(first[0][0], first[1][0]) and not torch.equal(first[2][0], first[3][0])
     in_process = next(iter(sft.SFTBatches(cfg, tok)))  # the training process's own stream, seeded cfg.seed
@@ -122,6 +125,9 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
             "--run_name", "w", "--steps", "3", "--batch_size", "2", "--data_workers", "2"]
     assert sft.main(argv) == 0
     assert "done: 3 steps" in (tmp_path / "w" / "sft.log").read_text()
+    for worker in multiprocessing.active_children():  # the run stopped its workers: none is left to hang the exit
+        worker.join(10)
+    assert not multiprocessing.active_children()
     assert sft.main(argv[:-6] + ["--run_name", "g", "--data_source", "generate", "--data_workers", "1"]) == 1
     assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
     # a SIGTERM to the whole process group (a terminal's Ctrl-C, `timeout`): the run saves, the workers stay quiet
