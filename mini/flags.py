@@ -15,6 +15,7 @@ SECTIONS = {"model_path": "model and run", "temperature": "sampling", "mix_env_r
             "steps": "the GRPO objective", "lr": "optimisation", "eval_every": "evaluation, logs and checkpoints",
             "n_layer": "a model made from scratch"}
 
+
 def device_problem(name):
     """Why --device `name` cannot be used here, or None."""
     if name in ("auto", "cpu"):

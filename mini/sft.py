@@ -186,9 +186,10 @@ def train_sft(cfg, run):
     if cfg.grow_layers and cfg.grow_layers != model.config.n_layer:
         model = grow_layers(model, cfg.grow_layers)
     batches = SFTBatches(cfg, tok)
-    loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=cfg.data_workers,
-                                              pin_memory=device.type == "cuda", prefetch_factor=4 if cfg.data_workers else None,
-                                              persistent_workers=cfg.data_workers > 0, worker_init_fn=detach_worker))
+    workers = cfg.data_workers
+    loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
+                                              pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None,
+                                              persistent_workers=workers > 0, worker_init_fn=detach_worker))
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
     log_file = open(run.file("sft.log"), "a")

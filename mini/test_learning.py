@@ -1,7 +1,7 @@
 """The learning demonstration in small (RESULTS.md has the full one): v3 (mini/data/rookworld-8m, the model
-before the shipped one; its steps take half the CPU time), trained by train.py for 24 steps on P: prompts, must name legal moves more often
-on 300 held-out P: prompts: the 95% paired bootstrap interval of each change must lie above 0. ~6 minutes
-on 2 cores; RESULTS.md has the figures of this configuration.
+before the shipped one; its steps take half the CPU time), trained by train.py for 24 steps on P: prompts,
+must name legal moves more often on 300 held-out P: prompts: the 95% paired bootstrap interval of each change
+must lie above 0. ~6 minutes on 2 cores; RESULTS.md has the figures of this configuration.
 
     python -m pytest -q mini/test_learning.py
 """
