@@ -259,7 +259,8 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
     agg = lambda x: aggregate(x, mask, s.loss_type, norm)
     per_token = lambda x: aggregate(x.detach(), mask, "dapo", norm)
     grad_if = lambda coef: torch.set_grad_enabled(coef != 0 and torch.is_grad_enabled())
-    logp, ent_t = head_logprobs(logits, ids, s.temperature, with_entropy or s.entropy_coef != 0)  # (N, T) each
+    logp, ent_t = head_logprobs(logits, ids, s.temperature, with_entropy or s.entropy_coef != 0,  # (N, T) each
+                                entropy_grad=s.entropy_coef != 0)
     pl, metrics = policy_loss(logp, logp.detach() if old_logp is None else old_logp, adv, mask,
                               s.clip_eps_low, s.clip_eps_high, s.loss_type, norm)
     loss = pl

@@ -31,18 +31,36 @@ class _TokenLogprobs(torch.autograd.Function):
     backward: d/dx = (onehot(ids) - softmax(x / T)) * g / T. Autograd of the same expression keeps (M, V)
     temporaries alive and makes ~10 passes over them (a zero-filled scatter for the gather, an exp and a
     product for the logsumexp, a concatenation of the chunks); here each chunk is read once and written
-    once while it sits in cache, which made the update of a CPU step ~2x faster (see mini/bench.py)."""
+    once while it sits in cache, which made the update of a CPU step ~2x faster (see mini/bench.py).
+    with_entropy: also the entropy H = lse - Σ p x of each position, from the same chunk's exponentials and
+    without a gradient (a metric): a separate entropy() pass over the logits cost ~7x the log-probs on a CPU."""
 
     @staticmethod
-    def forward(ctx, logits, ids, temperature, chunk_rows):
+    def forward(ctx, logits, ids, temperature, chunk_rows, with_entropy):
         x, i = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1)  # (M, V), (M, 1)
-        lse = torch.cat([torch.logsumexp(_tempered(c, temperature), -1) for c in x.split(chunk_rows)])  # (M,)
+        lse, ent = [], []
+        for c in x.split(chunk_rows):
+            c = _tempered(c, temperature)  # (m, V)
+            if with_entropy:
+                m = c.amax(-1, keepdim=True)
+                e = (c - m).exp_()
+                z = e.sum(-1)
+                lse.append(m[:, 0] + z.log())
+                ent.append(lse[-1] - (e.mul_(c)).sum(-1) / z)  # E_p[x] = Σ e x / Σ e
+            else:
+                lse.append(torch.logsumexp(c, -1))
+        lse = torch.cat(lse)  # (M,)
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
-        return (_tempered(x.gather(1, i)[:, 0], temperature) - lse).view(ids.shape)
+        logp = (_tempered(x.gather(1, i)[:, 0], temperature) - lse).view(ids.shape)
+        if not with_entropy:
+            return logp, None
+        ent = torch.cat(ent).view(ids.shape)
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _):
         logits, ids, lse = ctx.saved_tensors
         T, rows = ctx.temperature, ctx.chunk_rows
         x, i = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1)
@@ -52,16 +70,17 @@ class _TokenLogprobs(torch.autograd.Function):
             c = slice(s, s + rows)
             p = (_tempered(x[c], T) - lse[c, None]).exp_().mul_(-g[c])  # -softmax * g / T
             out[c] = p.scatter_add_(1, i[c], g[c])  # + onehot * g / T
-        return out.view(logits.shape), None, None, None
+        return out.view(logits.shape), None, None, None, None
 
 
-def token_logprobs(logits, ids, temperature=1.0, chunk_size=None):
-    """log π(o_t | q, o_<t) of the given (sampled) ids: (N, T, V), (N, T) -> (N, T) fp32.
-    Computed as gathered logit - logsumexp over chunks of chunk_size positions, so the (N, T, V)
-    log_softmax is never materialised. Default chunks: 8 positions on a CPU (~1.6 MB of fp32 logits,
-    cache-sized), 1024 on a GPU (few kernel launches)."""
+def token_logprobs(logits, ids, temperature=1.0, chunk_size=None, with_entropy=False):
+    """log π(o_t | q, o_<t) of the given (sampled) ids: (N, T, V), (N, T) -> (N, T) fp32, and with_entropy
+    (else None) each position's entropy, detached. Computed as gathered logit - logsumexp over chunks of
+    chunk_size positions, so the (N, T, V) log_softmax is never materialised. Default chunks: 8 positions on a
+    CPU (~1.6 MB of fp32 logits, cache-sized), 1024 on a GPU (few kernel launches)."""
     chunk_size = chunk_size or (1024 if logits.is_cuda else 8)
-    return _TokenLogprobs.apply(logits, ids, temperature, chunk_size)
+    logp, ent = _TokenLogprobs.apply(logits, ids, temperature, chunk_size, with_entropy)
+    return (logp, ent) if with_entropy else logp
 
 
 class Head(NamedTuple):
@@ -143,9 +162,10 @@ class _FusedHead(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None, None
 
 
-def head_logprobs(head, ids, temperature=1.0, with_entropy=True, chunk_size=None):
+def head_logprobs(head, ids, temperature=1.0, with_entropy=True, chunk_size=None, entropy_grad=True):
     """log π(o_t | q, o_<t) of the ids (N, T) and, with_entropy, the entropy of each position's tempered
     distribution (else None), from `head`: a Head (fused or not) or logits (N, T, V). (N, T) each, fp32.
+    entropy_grad False: the entropy is a metric only, computed in the log-probs' pass over the logits.
     Fused chunks: 256 positions on a CPU (64 re-read the weight too often), 1024 on a GPU."""
     if isinstance(head, Head) and head.fused:
         chunk_size = chunk_size or (1024 if head.h.is_cuda else 256)
@@ -154,6 +174,8 @@ def head_logprobs(head, ids, temperature=1.0, with_entropy=True, chunk_size=None
                                      with_entropy, head.dtype)
         return logp.view(ids.shape), ent.view(ids.shape) if with_entropy else None
     logits = head.logits() if isinstance(head, Head) else head
+    if with_entropy and not entropy_grad:
+        return token_logprobs(logits, ids, temperature, with_entropy=True)
     return token_logprobs(logits, ids, temperature), entropy(logits, temperature) if with_entropy else None
 
 

@@ -98,6 +98,9 @@ MUTANTS = [
     Mutant("fused_entropy_sign", "the fused head's entropy has its sign flipped",
            "logprobs.py", "ent[c] = lse - (torch.softmax(x, -1) * x).sum(-1)",
            "ent[c] = (torch.softmax(x, -1) * x).sum(-1) - lse", ("mini/test_grpo.py",)),
+    Mutant("logprob_pass_entropy_unnormalised", "the entropy metric of the log-prob pass skips dividing by Σ e",
+           "logprobs.py", "ent.append(lse[-1] - (e.mul_(c)).sum(-1) / z)", "ent.append(lse[-1] - (e.mul_(c)).sum(-1))",
+           ("mini/test_grpo.py", METRICS)),
     # the command line (mini/flags.py)
     Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
            "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',

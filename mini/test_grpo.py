@@ -294,6 +294,26 @@ def test_entropy_matches_direct_computation():
     assert torch.allclose(entropy(logits, 1.3, chunk_size=5), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_entropy_in_the_logprob_pass_matches_direct_computation(chunk_size):
+    """token_logprobs(with_entropy=True), the metric path of a step at --entropy_coef 0: in fp64 the entropy of
+    softmax(x / T) from the log-probs' own chunk exponentials, the log-probs and their gradient unchanged,
+    and no gradient into the entropy. Extreme logits (±80) test the max-shift."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 7, 50, generator=g, dtype=torch.float64) * 4).requires_grad_()
+    x.data[0, 0, :3] = torch.tensor([80.0, -80.0, 79.0], dtype=torch.float64)
+    ids = torch.randint(0, 50, (3, 7), generator=g)
+    lp, ent = token_logprobs(x, ids, 0.7, chunk_size=chunk_size, with_entropy=True)
+    assert torch.allclose(ent, Categorical(logits=x.detach() / 0.7).entropy(), atol=1e-12, rtol=0)
+    assert not ent.requires_grad
+    want = token_logprobs(x, ids, 0.7, chunk_size=chunk_size)
+    assert torch.equal(lp, want)
+    w = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    assert torch.equal(torch.autograd.grad((lp * w).sum(), x)[0], torch.autograd.grad((want * w).sum(), x)[0])
+    lp_h, ent_h = head_logprobs(x, ids, 0.7, with_entropy=True, entropy_grad=False)  # grpo_loss's call
+    assert torch.allclose(ent_h, ent, atol=1e-12, rtol=0) and torch.equal(lp_h, token_logprobs(x, ids, 0.7))
+
+
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 64), (0.7, 5)])  # chunks that do not divide the positions
 def test_fused_head_equals_the_plain_output_layer(temperature, chunk):
     """head_logprobs from (hidden states, weight), chunked with recomputation in backward, against
