@@ -103,13 +103,17 @@ class RewardBaseline:
         self.mean, self.var = dict(state["mean"]), dict(state["var"])
 
 
-def group_rows(rows, n, k, device=None):
-    """The groups of rollout rows `rows` (a slice of n rows in groups of k contiguous rows) for
-    GPT.completion_hidden, numbered within the slice: each row's group (B,) and the first row of each (U,).
-    Known from the layout, so the forward needs no torch.unique (a sort and a host sync)."""
-    start, stop = rows.start, min(rows.stop, n)
-    of_row = [i // k - start // k for i in range(start, stop)]
-    firsts = [max(u * k, start) - start for u in range(start // k, (stop - 1) // k + 1)]
+def group_rows(rows, k, device=None):
+    """The groups of some rollout rows (a list of row indices, each group's rows together; groups of k
+    contiguous rows in the rollout) for GPT.completion_hidden, numbered within the list: each row's group (B,)
+    and the position of each group's first row (U,). Known from the layout, so the forward needs no
+    torch.unique (a sort and a host sync)."""
+    of_row, firsts, seen = [], [], {}
+    for j, i in enumerate(rows):
+        if i // k not in seen:
+            seen[i // k] = len(firsts)
+            firsts.append(j)
+        of_row.append(seen[i // k])
     return torch.tensor(of_row, device=device), torch.tensor(firsts, device=device)
 
 

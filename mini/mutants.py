@@ -101,6 +101,9 @@ MUTANTS = [
     Mutant("logprob_pass_entropy_unnormalised", "the entropy metric of the log-prob pass skips dividing by Σ e",
            "logprobs.py", "ent.append(lse[-1] - (e.mul_(c)).sum(-1) / z)", "ent.append(lse[-1] - (e.mul_(c)).sum(-1))",
            ("mini/test_grpo.py", METRICS)),
+    Mutant("micro_batch_drops_last_column", "a trimmed micro-batch loses its longest completion's last column (its EOS)",
+           "rollout.py", "max(comp[j] for j in rows)))", "max(comp[j] for j in rows) - 1))",
+           (REFERENCE,)),
     # the command line (mini/flags.py)
     Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
            "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',

@@ -20,6 +20,7 @@ class Rollout:
     ids: torch.Tensor = None      # (N, Tp + Tc) left-padded prompt, right-padded completion (+ EOS if it stopped)
     mask: torch.Tensor = None     # (N, Tp + Tc) True on real tokens
     Tp: int = 0                   # prompt width: completion token t sits at column Tp + t
+    comp_lens: list = None        # N completion lengths in ids, the EOS included where kept
     ref_logp: torch.Tensor = None    # (N, Tc) reference log-probs (k3 KL)
     old_logp: torch.Tensor = None    # (N, Tc) behaviour log-probs (several PPO epochs, GAE)
     old_values: torch.Tensor = None  # (N, Tc) value estimates (GAE)
@@ -42,14 +43,27 @@ class Rollout:
         for i, (p, c) in enumerate(zip(self.prompts, comps)):
             ids[i, Tp - len(p):Tp + len(c)] = torch.tensor(p + c)
             mask[i, Tp - len(p):Tp + len(c)] = True
-        self.ids, self.mask, self.Tp = ids.to(device), mask.to(device), Tp
+        self.ids, self.mask, self.Tp, self.comp_lens = ids.to(device), mask.to(device), Tp, list(map(len, comps))
 
     def micro_batches(self, size, K, device):
-        """The rows `size` at a time (0: all at once), each slice with its groups for GPT.completion_hidden
-        (grpo.group_rows: known from the layout, groups of K contiguous rows)."""
+        """The rows `size` at a time (0: all at once) as MicroBatches. With several, the groups go in order of
+        their longest completion, then prompt, each group's rows together, so that a micro-batch holds rows of
+        like lengths and its columns trimmed to theirs cost less than the whole batch's width."""
         n = len(self.prompts)
-        size = size or n
-        return [(sl, grpo.group_rows(sl, n, K, device)) for sl in (slice(i, i + size) for i in range(0, n, size))]
+        size = min(size or n, n)
+        comp = self.comp_lens
+        if size < n:
+            key = lambda g: (max(comp[g * K:g * K + K]), max(map(len, self.prompts[g * K:g * K + K])))
+            order = [i for g in sorted(range(-(-n // K)), key=key, reverse=True) for i in range(g * K, min(g * K + K, n))]
+        else:
+            order = list(range(n))
+        out = []
+        for i in range(0, n, size):
+            rows = order[i:i + size]
+            start = self.Tp - max(len(self.prompts[j]) for j in rows)
+            out.append(MicroBatch(torch.tensor(rows, device=device), grpo.group_rows(rows, K, device), start,
+                                  max(comp[j] for j in rows)))
+        return out
 
     def logged(self, step, n_groups, K):
         """samples.jsonl's rows: the first row of each of the first n_groups groups."""
@@ -68,6 +82,33 @@ class Rollout:
     @property
     def tasks(self):
         return [s.task for s in self.samples]
+
+
+@dataclass
+class MicroBatch:
+    """Some rows of a rollout for one forward pass, and the columns they use: their prompts start at column
+    `start` or later, their completions (EOS included) fill Tc columns or fewer."""
+    rows: torch.Tensor  # (n,) rollout rows
+    groups: tuple       # each row's group (n,) and the first row of each group (U,): GPT.completion_hidden's
+    start: int
+    Tc: int
+
+    def inputs(self, r):
+        """ids (n, T'), mask (n, T') and the prompt width of these rows, trimmed to their columns."""
+        cols = slice(self.start, r.Tp + self.Tc)
+        return r.ids[self.rows, cols], r.mask[self.rows, cols], r.Tp - self.start
+
+    def take(self, x):
+        """These rows of a per-row (N,) or per-completion-token (N, Tc) tensor, trimmed to their columns."""
+        return x[self.rows] if x.dim() == 1 else x[self.rows, :self.Tc]
+
+    @staticmethod
+    def join(batches, xs, shape):
+        """The (N, Tc) tensor of the micro-batches' (n, Tc') parts, zero in their trimmed columns."""
+        full = xs[0].new_zeros(shape)
+        for mb, x in zip(batches, xs):
+            full[mb.rows, :x.shape[1]] = x
+        return full
 
 
 @dataclass

@@ -357,10 +357,11 @@ def test_read_metrics_reduces_the_shares_not_the_same_values():
 
 
 def test_group_rows_of_a_micro_batch():
-    """Rows 2..6 of 9 in groups of 3: the tail of group 0, group 1, the head of group 2."""
-    of_row, firsts = group_rows(slice(2, 7), 9, 3)
+    """Rows 2..6 of groups of 3: the tail of group 0, group 1, the head of group 2; and rows in another
+    order (a length-sorted micro-batch), groups numbered as they first appear."""
+    of_row, firsts = group_rows([2, 3, 4, 5, 6], 3)
     assert of_row.tolist() == [0, 1, 1, 1, 2] and firsts.tolist() == [0, 1, 4]
-    assert [t.tolist() for t in group_rows(slice(6, 12), 9, 3)] == [[0, 0, 0], [0]]  # the last slice ends at n
+    assert [t.tolist() for t in group_rows([6, 7, 8, 0, 1, 2, 4], 3)] == [[0, 0, 0, 1, 1, 1, 2], [0, 3, 6]]
 
 
 # ----------------------------------------------------------------------------- critic

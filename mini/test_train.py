@@ -32,7 +32,7 @@ from mini.config import Config
 from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
-from mini.rollout import Rollout
+from mini.rollout import MicroBatch, Rollout
 from mini.runs import load_checkpoint
 from mini.runtime import lr_factor
 from mini.tokenizer import Tokenizer
@@ -292,11 +292,24 @@ def test_informative_groups_by_hand():
 
 
 def test_micro_batches_carry_their_groups():
-    """6 rows in groups of 2, 4 rows at a time: each slice's groups numbered within it; the last slice ends at 6."""
-    r = Rollout([None] * 6, [[1]] * 6, [[2]] * 6, [""] * 6)
-    got = [(sl, rows.tolist(), firsts.tolist()) for sl, (rows, firsts) in r.micro_batches(4, 2, "cpu")]
-    assert got == [(slice(0, 4), [0, 0, 1, 1], [0, 2]), (slice(4, 8), [0, 0], [0])]
-    assert [sl for sl, _ in r.micro_batches(0, 2, "cpu")] == [slice(0, 6)]  # 0: the whole batch at once
+    """6 rows in groups of 2, 4 rows at a time: groups in order of their longest completion (then prompt), each
+    micro-batch's groups numbered within it, its columns trimmed to its rows' own, its inputs those columns."""
+    prompts = [[4, 5, 6], [4, 5, 6], [1, 2], [1, 2], [3], [3]]
+    completions = [[9], [], [7], [7, 7, 7], [8, 8], [8]]  # with EOS, a group's longest: 2, 3 and 3 columns
+    r = Rollout([None] * 6, prompts, completions, [""] * 6)
+    r.pad(eos=0, max_new_tokens=3, device="cpu")  # row 3 hit the budget: no EOS
+    assert r.Tp == 3 and r.comp_lens == [2, 1, 2, 3, 3, 2]
+    got = [(mb.rows.tolist(), mb.groups[0].tolist(), mb.groups[1].tolist(), mb.start, mb.Tc)
+           for mb in r.micro_batches(4, 2, "cpu")]
+    assert got == [([2, 3, 4, 5], [0, 0, 1, 1], [0, 2], 1, 3), ([0, 1], [0, 0], [0], 0, 2)]
+    mb = r.micro_batches(4, 2, "cpu")[1]
+    ids, mask, Tp = mb.inputs(r)
+    assert Tp == 3 and ids.tolist() == [[4, 5, 6, 9, 0], [4, 5, 6, 0, 0]] and mask[1].tolist() == [1, 1, 1, 1, 0]
+    assert mb.take(r.comp_ids).tolist() == [[9, 0], [0, 0]] and mb.take(torch.arange(6)).tolist() == [0, 1]
+    whole = r.micro_batches(0, 2, "cpu")  # 0: the whole batch at once, in rollout order
+    assert len(whole) == 1 and whole[0].rows.tolist() == list(range(6)) and (whole[0].start, whole[0].Tc) == (0, 3)
+    parts = [mb.take(r.comp_ids) * 10 for mb in r.micro_batches(2, 2, "cpu")]
+    assert torch.equal(MicroBatch.join(r.micro_batches(2, 2, "cpu"), parts, r.comp_ids.shape), r.comp_ids * 10 * r.comp_mask)
 
 
 STEPS = 6

@@ -29,7 +29,7 @@ from mini.games import quick_metrics
 from mini.loader import LoadError, load_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
-from mini.rollout import GlobalBatch, InformativeGroups, Rollout
+from mini.rollout import MicroBatch, GlobalBatch, InformativeGroups, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
 from mini.runtime import PhaseTimer, autocast, lr_factor, peak_memory_mb, resolve_device, seed_everything
@@ -206,18 +206,20 @@ class Trainer(Resumable):
         cfg = self.cfg
         r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device)
         ref_logp, old_logp, old_values = [], [], []
+        batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
         with torch.no_grad():
-            for sl, groups in r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device):
-                ids, mask, comp_ids = r.ids[sl], r.mask[sl], r.comp_ids[sl]
+            for mb in batches:
+                inputs, comp_ids = (*mb.inputs(r), mb.groups), mb.take(r.comp_ids)
                 if cfg.kl_type == "k3":
-                    logits = self.ref_head(ids, mask, r.Tp, groups)[0]
+                    logits = self.ref_head(*inputs)[0]
                     ref_logp.append(logprobs.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                 if cfg.num_iterations > 1 or cfg.use_gae:
-                    logits, values = self.policy(ids, mask, r.Tp, groups)
+                    logits, values = self.policy(*inputs)
                     old_logp.append(logprobs.head_logprobs(logits, comp_ids, cfg.temperature, False)[0])
                     if cfg.use_gae:
                         old_values.append(values)
-        r.ref_logp, r.old_logp, r.old_values = (torch.cat(x) if x else None for x in (ref_logp, old_logp, old_values))
+        r.ref_logp, r.old_logp, r.old_values = (MicroBatch.join(batches, x, r.comp_ids.shape) if x else None
+                                                for x in (ref_logp, old_logp, old_values))
 
     def advantages(self, r, rewards=None, tasks=None, offset=0):
         """The rollout's per-row advantages (n,) from the group statistics of the global batch's `rewards`
@@ -255,20 +257,22 @@ class Trainer(Resumable):
         batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for j, (sl, groups) in enumerate(batches):
+            for j, mb in enumerate(batches):
                 # DDP averages the gradients at the backward of the last micro-batch only
                 with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else contextlib.nullcontext():
-                    logits, values = (ddp or self.policy)(r.ids[sl], r.mask[sl], r.Tp, groups)
+                    inputs = (*mb.inputs(r), mb.groups)
+                    logits, values = (ddp or self.policy)(*inputs)
                     ref_logits = None
                     if cfg.kl_type != "k3":
                         with torch.no_grad():
-                            ref_logits = self.ref_head(r.ids[sl], r.mask[sl], r.Tp, groups)[0]
-                    critic = dict(values=values, old_values=r.old_values[sl], returns=returns[sl]) if cfg.use_gae else {}
+                            ref_logits = self.ref_head(*inputs)[0]
+                    critic = dict(values=values, old_values=mb.take(r.old_values), returns=mb.take(returns)) \
+                        if cfg.use_gae else {}
                     loss, metrics = grpo_loss(
-                        logits, r.comp_ids[sl], r.comp_mask[sl], adv[sl], settings, norm,
-                        old_logp=r.old_logp[sl] if it > 0 else None,  # epoch 0 is on-policy: ratio 1
-                        ref_logits=ref_logits, ref_logp=r.ref_logp[sl] if r.ref_logp is not None else None, **critic,
-                        with_entropy=self.step % cfg.entropy_every == 0)
+                        logits, mb.take(r.comp_ids), mb.take(r.comp_mask), mb.take(adv), settings, norm,
+                        old_logp=mb.take(r.old_logp) if it > 0 else None,  # epoch 0 is on-policy: ratio 1
+                        ref_logits=ref_logits, ref_logp=mb.take(r.ref_logp) if r.ref_logp is not None else None,
+                        **critic, with_entropy=self.step % cfg.entropy_every == 0)
                     (loss * self.world if ddp is not None else loss).backward()
                 for k, v in metrics.items():  # each micro-batch's share: they sum to the batch value
                     totals[k] = totals.get(k, 0.0) + v / cfg.num_iterations
