@@ -178,7 +178,7 @@ class GPT(nn.Module):
             rows, firsts = groups
             p_idx, p_mask = idx[firsts, :start], mask[firsts, :start]  # (U, S)
         s_idx, s_mask = idx[:, start:], mask[:, start:]  # (B, Ts)
-        S, Ts = start, T - start
+        S = start
         p_pos = (p_mask.long().cumsum(1) - 1).clamp(min=0)  # (U, S)
         s_pos = (p_mask.sum(1)[rows, None] + s_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, Ts)
         self._check_positions(s_pos)

@@ -104,6 +104,9 @@ MUTANTS = [
     Mutant("micro_batch_drops_last_column", "a trimmed micro-batch loses its longest completion's last column (its EOS)",
            "rollout.py", "max(comp[j] for j in rows)))", "max(comp[j] for j in rows) - 1))",
            (REFERENCE,)),
+    Mutant("dropped_rows_lose_their_prompts", "after finished rows are dropped, the rows left read other prompts",
+           "sampler.py", "cache.keep(keep, [prompt_of[i] for i in alive.tolist()])",
+           "cache.keep(keep, [prompt_of[i] for i in keep.tolist()])", ("mini/test_sampler.py",)),
     # the command line (mini/flags.py)
     Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
            "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',

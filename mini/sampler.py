@@ -39,6 +39,11 @@ class KVCache:
         self.n_real.copy_(src.n_real[rows])
         self.col.copy_(src.col)
 
+    def keep(self, rows):
+        """Drop every row but rows (n,) (eager decode drops finished rows)."""
+        self.k, self.v = [x[rows] for x in self.k], [x[rows] for x in self.v]
+        self.key_mask, self.n_real = self.key_mask[rows], self.n_real[rows]
+
     def advance(self, mask):
         """GPT.hidden's tokens (N, T), real where mask is True, go in at the next T columns: their positions
         (N, T), and each layer's attend(q, k, v), which writes k, v there and attends over every column."""
@@ -85,15 +90,17 @@ class SharedPrefixCache:
         U, G = self.slots.shape
         if prefill is not self.prefix:
             self.prefix.load(prefill, torch.arange(U, device=self.col.device) % prefill.n_real.shape[0])
-        members = [[] for _ in range(U)]
-        for i, u in enumerate(prompt_of):
-            members[u].append(i)
-        slot = {i: u * G + g for u, rows in enumerate(members) for g, i in enumerate(rows)}
-        dummies = range(len(prompt_of), self.slot_of_row.shape[0])
-        self.slots.copy_(torch.tensor([rows + [0] * (G - len(rows)) for rows in members]))
-        self.slot_of_row.copy_(torch.tensor([slot[i] for i in range(len(prompt_of))] + [slot[0] for _ in dummies]))
-        self.prompt_of_row.copy_(torch.tensor(list(prompt_of) + [prompt_of[0] for _ in dummies]))
+        tables = _slot_tables(list(prompt_of), U, G, self.slot_of_row.shape[0])
+        for mine, table in zip((self.slots, self.slot_of_row, self.prompt_of_row), tables):
+            mine.copy_(table)  # in place: a compiled step's tensors keep their addresses
         self.col.zero_()
+
+    def keep(self, rows, prompt_of):
+        """Drop every row but rows (n,) (eager decode drops finished rows); prompt_of: the kept rows' prompts."""
+        self.k, self.v = [x[rows] for x in self.k], [x[rows] for x in self.v]
+        U, G = self.slots.shape[0], max(prompt_of.count(u) for u in set(prompt_of))
+        tables = _slot_tables(prompt_of, U, G, len(prompt_of))
+        self.slots, self.slot_of_row, self.prompt_of_row = (t.to(self.col.device) for t in tables)
 
     def advance(self, mask):
         """GPT.hidden's decode tokens (N, 1) go in at the next completion column: their positions (N, 1) and
@@ -119,6 +126,20 @@ class SharedPrefixCache:
 
 
 WIDTH_BUCKET = 16  # SharedPrefixCache reads completion columns in multiples of this
+
+
+def _slot_tables(prompt_of, U, G, n_rows):
+    """SharedPrefixCache's slots (U, G): each prompt's rows, padded with row 0; slot_of_row (n_rows,): where each
+    row sits in slots.view(-1); prompt_of_row (n_rows,). Rows past len(prompt_of) (the dummies of a compiled
+    bucket) read row 0's slot and prompt."""
+    members = [[] for _ in range(U)]
+    for i, u in enumerate(prompt_of):
+        members[u].append(i)
+    slot = {i: u * G + g for u, rows in enumerate(members) for g, i in enumerate(rows)}
+    dummies = n_rows - len(prompt_of)
+    return (torch.tensor([rows + [0] * (G - len(rows)) for rows in members]),
+            torch.tensor([slot[i] for i in range(len(prompt_of))] + [slot[0]] * dummies),
+            torch.tensor(prompt_of + [prompt_of[0]] * dummies))
 
 
 def _layers(cfg, batch_size, max_len, device, dtype):
@@ -247,7 +268,7 @@ _compiled_steps = {}  # torch.compile mode -> compiled decode_step
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50256, generator=None,
-             stop_check_every=4, compile_decode=False, shared_prefix=True):
+             stop_check_every=4, compile_decode=False, shared_prefix=True, drop_finished=True):
     """Sample a completion for each prompt (a list of token-id lists) in one batch.
 
     Returns a list of (completion_ids, logprobs): ids without the final EOS, and the fp32 log-prob of
@@ -256,7 +277,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     untempered distribution. Identical prompts (a GRPO group) are prefilled once, and with shared_prefix
     their keys and values stay stored once (SharedPrefixCache); without, every row gets its own copy (KVCache).
     Rows stop at EOS or after max_new_tokens; the host checks for "all rows done" every `stop_check_every`
-    tokens only.
+    tokens only. With drop_finished, eager decode then stops computing the finished rows once they are a
+    quarter of those left (a compiled step keeps its shapes); a row's tokens do not depend on the others.
 
     Every token after the first comes from `decode_step`, run eagerly or, with compile_decode, through
     torch.compile (CUDA graphs on CUDA; see _compiled_cache for the shape buckets). The uniforms of
@@ -306,14 +328,27 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
 
     tokens = torch.full((Nb, max_new_tokens), eos_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(Nb, max_new_tokens, dtype=torch.float32, device=device)
-    finished = torch.arange(Nb, device=device) >= N  # (Nb,)
+    finished = torch.arange(Nb, device=device) >= N  # (n,): the rows still in the cache
+    alive = torch.arange(Nb, device=device)  # (n,): their rows of tokens
     for t in range(max_new_tokens):
-        nxt = torch.where(finished, eos_id, nxt)  # (Nb,)
-        tokens[:, t] = nxt
-        logprobs[:, t] = logp.masked_fill(finished, 0.0)
+        nxt = torch.where(finished, eos_id, nxt)  # (n,)
+        tokens[alive, t] = nxt
+        logprobs[alive, t] = logp.masked_fill(finished, 0.0).float()
         finished |= nxt == eos_id
-        if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(finished.all())):
+        if t == max_new_tokens - 1:
             break
+        if (t + 1) % stop_check_every == 0:
+            done = int(finished.sum())  # the one host sync of these tokens
+            if done == len(finished):
+                break
+            if drop_finished and not compile_decode and 4 * done >= len(finished):  # a quarter or more: drop them
+                keep = (~finished).nonzero()[:, 0]  # (n',)
+                alive, nxt, finished = alive[keep], nxt[keep], finished[keep]
+                u = None if u is None else u[:, keep]
+                if shared_prefix:
+                    cache.keep(keep, [prompt_of[i] for i in alive.tolist()])
+                else:
+                    cache.keep(keep)
         if compile_decode:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
         if shared_prefix:  # token t goes in at completion column t: read the columns up to it, in buckets

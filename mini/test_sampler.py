@@ -83,6 +83,31 @@ def test_generate_with_shared_prefix_gives_the_per_row_tokens(temperature):
     assert len({x for t, _ in per_row for x in t}) > 5 and sum(len(t) for t, _ in per_row) > 500  # not degenerate
 
 
+@pytest.mark.parametrize("shared_prefix", [True, False])
+@torch.no_grad()
+def test_dropping_finished_rows_keeps_every_rows_tokens(shared_prefix, monkeypatch):
+    """Eager decode drops finished rows from its cache as they come (several times a call here): in fp64, every
+    row's tokens and log-probs equal those of a decode that keeps all rows to the end; groups of K = 8 and 1,
+    prompts of mixed lengths."""
+    m = fp64_model(std=0.1)
+    m.transformer.ln_f.weight[0], m.transformer.ln_f.bias[0] = 0.0, 1.0  # dimension 0 of h is 1: wte[:, 0] a bias
+    m.transformer.wte.weight[96, 0] = 2.5  # EOS ~11% a token: rows stop at varied lengths
+    prompts = [[1, 2, 3, 4, 5, 6]] * 8 + [[7, 8]] * 8 + [[9, 10, 11]]
+    cache = SharedPrefixCache if shared_prefix else KVCache
+    kept, keep = [], cache.keep
+    monkeypatch.setattr(cache, "keep", lambda self, rows, *a: (kept.append(len(rows)), keep(self, rows, *a))[1])
+    run = lambda drop: generate(m, prompts, 40, 0.9, eos_id=96, shared_prefix=shared_prefix, drop_finished=drop,
+                                generator=torch.Generator().manual_seed(5))
+    dropped = run(True)
+    assert len(kept) >= 2 and kept == sorted(kept, reverse=True) and kept[-1] < len(prompts) // 2
+    full = run(False)
+    assert len(kept) == len(set(kept))  # no drop without drop_finished
+    assert [t for t, _ in dropped] == [t for t, _ in full]
+    for (_, a), (_, b) in zip(dropped, full):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)  # fp32 log-probs
+    assert len({len(t) for t, _ in full}) > 5 and max(len(t) for t, _ in full) > 16  # stops spread over the call
+
+
 def test_sample_next_gives_the_tokens_of_the_fp32_copy_sampler():
     """In fp64, the sampler without a vocabulary-wide fp32 copy (softmax of the given dtype, no divide at
     temperature 1) draws the tokens of the earlier one: log_softmax(logits.float() / T), exp, cumsum."""
