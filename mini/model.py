@@ -112,6 +112,17 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are one parameter, counted once
 
+    def cast_matmuls(self, dtype):
+        """A frozen copy's weights (the reference) in the matmul dtype of autocast: every Linear's weight and bias,
+        the output layer untied from the embedding, whose lookup, like LayerNorm, stays fp32. Under autocast
+        the outputs are bitwise those of the fp32 weights, cast once here instead of at every forward, in half
+        the memory; so the KL to it at step 0 stays exactly 0. Returns self."""
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().to(dtype), requires_grad=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m is not self.lm_head:
+                m.to(dtype)
+        return self
+
     def configure_optimizers(self, weight_decay, lr, betas, device_type, extra=()):
         """AdamW (fused on CUDA); decay on weight matrices only, never on biases, norms or embeddings.
         extra: (name, parameter) pairs of other modules trained with the model (the value head)."""

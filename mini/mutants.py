@@ -107,6 +107,9 @@ MUTANTS = [
     Mutant("dropped_rows_lose_their_prompts", "after finished rows are dropped, the rows left read other prompts",
            "sampler.py", "cache.keep(keep, [prompt_of[i] for i in alive.tolist()])",
            "cache.keep(keep, [prompt_of[i] for i in keep.tolist()])", ("mini/test_sampler.py",)),
+    Mutant("reference_embedding_in_bf16", "the bf16 reference keeps its output layer tied: its embedding lookup is bf16",
+           "model.py", "self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().to(dtype), requires_grad=False)",
+           "self.transformer.wte.to(dtype)", ("mini/test_train.py::test_the_reference_in_bf16_gives_a_kl_of_exactly_0_at_step_1",)),
     # the command line (mini/flags.py)
     Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
            "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',

@@ -17,10 +17,15 @@ def resolve_device(name):
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
+def autocast_dtype(device, cfg):
+    """bf16 where the config asks for autocast on this device, else None."""
+    return torch.bfloat16 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else None
+
+
 def autocast(device, cfg):
     """bf16 autocast where the config asks for it on this device; weights and log-probs stay fp32."""
-    on = cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu
-    return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
+    dtype = autocast_dtype(device, cfg)
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def lr_factor(step, cfg):

@@ -29,10 +29,10 @@ from mini.games import quick_metrics
 from mini.loader import LoadError, load_model
 from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
-from mini.rollout import MicroBatch, GlobalBatch, InformativeGroups, Rollout
+from mini.rollout import GlobalBatch, InformativeGroups, MicroBatch, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
-from mini.runtime import PhaseTimer, autocast, lr_factor, peak_memory_mb, resolve_device, seed_everything
+from mini.runtime import PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device, seed_everything
 from mini.sampler import generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
@@ -99,6 +99,8 @@ class Trainer(Resumable):
         self.model, self.tok = load_model(cfg.model_path, self.device)
         self.ref, _ = load_model(cfg.model_path, self.device)  # frozen start model: the KL anchor
         self.ref.requires_grad_(False)
+        if autocast_dtype(self.device, cfg):  # cast once, not at every forward: autocast caches no frozen weight
+            self.ref.cast_matmuls(autocast_dtype(self.device, cfg))
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training forward may be compiled; generation has its own static-shape step (--compile_decode)
