@@ -175,7 +175,8 @@ def ours(a, cfg, device):
     peak_gbps = a.peak_gbps or device_peak(PEAK_GBPS, device)
     out = dict(device=device_name(device), params_m=model.num_params() / 1e6, prompts=a.prompts, k=a.k, completions=n,
                new_tokens=a.new_tokens, steps=a.steps, micro_batch_size=a.micro_batch_size,
-               dtype="bf16" if b == 2 else "fp32", compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
+               dtype="bf16" if b == 2 else "fp32", compile=a.compile, compile_decode=a.compile_decode,
+               auto_batch_size=a.auto_batch_size,
                seconds=phases, step_s=step_s, cpu_step_s=cpu_step_s, rollout_tok_s=comp_tokens / phases["generate"],
                completions_s=n / step_s,
                train_tflops=tflops, mfu=tflops / peak_tflops if peak_tflops else None, peak_tflops=peak_tflops or None,
@@ -185,7 +186,8 @@ def ours(a, cfg, device):
                decode_read_gbps=read_gbps, read_roofline_share=read_gbps / peak_gbps if peak_gbps else None)
     print(f"{out['device']}: {out['params_m']:.1f}M params, {a.prompts} prompts x {a.k} = {n} completions of "
           f"{a.new_tokens} tokens, micro-batch {a.micro_batch_size or n}, {out['dtype']}"
-          f"{', compiled decode' if a.compile_decode else ''}, median of {a.steps} steps")
+          f"{', compiled decode' if a.compile_decode else ''}{', compiled forwards' if a.compile else ''}, median of "
+          f"{a.steps} steps")
     for k, v in phases.items():
         print(f"  {k:14s} {v:8.3f} s  ({100 * v / step_s:4.1f}%)")
     print(f"  rollout        {out['rollout_tok_s']:10.0f} tokens/s")
@@ -296,7 +298,7 @@ def bench_step(a):
         cfg = Config(model_path=snapshot, device=a.device, log_dir=f"{d}/logs", run_name="bench", seed=a.seed,
                      batch_size=a.prompts, k_samples=a.k, max_new_tokens=a.new_tokens, eval_every=0, save_every=0,
                      score_workers=a.score_workers, micro_batch_size=a.micro_batch_size, bf16=a.bf16,
-                     compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
+                     compile=a.compile, compile_decode=a.compile_decode, auto_batch_size=a.auto_batch_size,
                      shared_prefix_decode=a.shared_prefix_decode, fused_logprobs=a.fused_logprobs)
         out, tr = ours(a, cfg, device)
         if a.real_lengths and not a.no_transformers:  # its tokens/s would need its lengths: not comparable
@@ -459,6 +461,7 @@ def main(argv=None):
     p.add_argument("--micro_batch_size", type=int, default=128, help="completions per forward/backward (0: all)")
     p.add_argument("--bf16", "--no_bf16", action=Switch, default=True, help="bf16 autocast on CUDA")
     p.add_argument("--compile_decode", action="store_true", help="the compiled static-shape decode step")
+    p.add_argument("--compile", action="store_true", help="step: the training and reference forwards compiled (CUDA)")
     p.add_argument("--auto_batch_size", action="store_true", help="step: let the Trainer pick the batch size first")
     p.add_argument("--model_path", default="", help="step: a snapshot to time (a trained model: completions of real "
                    "lengths, scored for what they are) instead of random weights of the --n_layer shape")

@@ -144,7 +144,8 @@ class Config:
     min_lr_ratio: float = opt(0.1, "cosine floor as a fraction of lr", check=between(0, 1), scripts=BOTH)
     bf16: bool = opt(True, "bf16 autocast on CUDA (master weights stay fp32)", scripts=BOTH)
     bf16_cpu: bool = opt(False, "bf16 autocast on CPU too: ~2x faster where the CPU has AVX512-BF16 or AMX", scripts=BOTH)
-    compile: bool = opt(False, "torch.compile the model on CUDA")
+    compile: bool = opt(False, "torch.compile the training and reference forward on CUDA; the rollout's and "
+                        "micro-batches' widths are then rounded up to multiples of 16, so that shapes repeat")
     compile_decode: bool = opt(False, "torch.compile the static-shape decode step (CUDA graphs on CUDA)")
     fused_logprobs: bool = opt(False, "the training log-probs and entropy straight from the hidden states and the "
                                "output weight, chunk by chunk, the logits recomputed in backward: the (N, T, vocab) "

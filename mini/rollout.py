@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from mini import distributed, grpo
+from mini.sampler import place_rows, round_up
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Rollout:
     mask: torch.Tensor = None     # (N, Tp + Tc) True on real tokens
     Tp: int = 0                   # prompt width: completion token t sits at column Tp + t
     comp_lens: list = None        # N completion lengths in ids, the EOS included where kept
+    bucket: int = 1               # ids' widths are multiples of this (pad)
     ref_logp: torch.Tensor = None    # (N, Tc) reference log-probs (k3 KL)
     old_logp: torch.Tensor = None    # (N, Tc) behaviour log-probs (several PPO epochs, GAE)
     old_values: torch.Tensor = None  # (N, Tc) value estimates (GAE)
@@ -33,17 +35,16 @@ class Rollout:
         return cls(*([getattr(r, f)[i] for r, i in rows] for f in ("samples", "prompts", "completions", "texts")),
                    scores=[r.scores[i] for r, i in rows])
 
-    def pad(self, eos, max_new_tokens, device):
+    def pad(self, eos, max_new_tokens, device, bucket=1):
         """ids, mask and Tp: left-padded prompts then right-padded completions. A row that stopped keeps its
-        EOS: stopping is an action."""
+        EOS: stopping is an action. bucket: both widths rounded up to a multiple of it (and the micro-batches'
+        columns, see micro_batches), so that a compiled forward sees a few shapes again and again."""
+        self.bucket = bucket
         comps = [c + [eos] if len(c) < max_new_tokens else c for c in self.completions]
-        Tp, Tc = max(map(len, self.prompts)), max(map(len, comps))
-        ids = torch.full((len(comps), Tp + Tc), eos, dtype=torch.long)
-        mask = torch.zeros(len(comps), Tp + Tc, dtype=torch.bool)
-        for i, (p, c) in enumerate(zip(self.prompts, comps)):
-            ids[i, Tp - len(p):Tp + len(c)] = torch.tensor(p + c)
-            mask[i, Tp - len(p):Tp + len(c)] = True
-        self.ids, self.mask, self.Tp, self.comp_lens = ids.to(device), mask.to(device), Tp, list(map(len, comps))
+        Tp, Tc = (round_up(max(map(len, x)), bucket) for x in (self.prompts, comps))
+        self.ids, self.mask = place_rows([p + c for p, c in zip(self.prompts, comps)],
+                                         [Tp - len(p) for p in self.prompts], Tp + Tc, eos, device)
+        self.Tp, self.comp_lens = Tp, list(map(len, comps))
 
     def micro_batches(self, size, K, device):
         """The rows `size` at a time (0: all at once) as MicroBatches. With several, the groups go in order of
@@ -60,9 +61,9 @@ class Rollout:
         out = []
         for i in range(0, n, size):
             rows = order[i:i + size]
-            start = self.Tp - max(len(self.prompts[j]) for j in rows)
-            out.append(MicroBatch(torch.tensor(rows, device=device), grpo.group_rows(rows, K, device), start,
-                                  max(comp[j] for j in rows)))
+            start = self.Tp - round_up(max(len(self.prompts[j]) for j in rows), self.bucket)
+            Tc = min(round_up(max(comp[j] for j in rows), self.bucket), self.ids.shape[1] - self.Tp)
+            out.append(MicroBatch(torch.tensor(rows, device=device), grpo.group_rows(rows, K, device), start, Tc))
         return out
 
     def logged(self, step, n_groups, K):

@@ -167,15 +167,24 @@ def _merge(o1, m1, l1, o2, m2, l2):
     return ((o1 * a1 + o2 * a2) / (l1 * a1 + l2 * a2)).to(o2.dtype)
 
 
+def place_rows(seqs, starts, width, pad_id, device):
+    """Token-id lists -> ids (N, width), row i's tokens from column starts[i] on and pad_id elsewhere, and mask
+    (N, width) True on them; built from one flat tensor, not a tensor per row, and copied to the device once."""
+    lens = torch.tensor([len(s) for s in seqs])  # (N,)
+    rows = torch.repeat_interleave(torch.arange(len(seqs)), lens)  # (L,): the row of each token
+    first = torch.cumsum(lens, 0) - lens  # (N,): where each row's tokens start in the flat list
+    cols = torch.tensor(starts)[rows] + torch.arange(len(rows)) - first[rows]  # (L,)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    ids[rows, cols] = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+    mask[rows, cols] = True
+    return ids.to(device), mask.to(device)
+
+
 def pad_left(seqs, pad_id, device):
     """Token-id lists -> ids (N, T) left-padded with pad_id, and mask (N, T) True on real tokens."""
     T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, T - len(s):] = True
-    return ids.to(device), mask.to(device)
+    return place_rows(seqs, [T - len(s) for s in seqs], T, pad_id, device)
 
 
 def sample_next(logits, temperature=1.0, top_k=0, generator=None, u=None):
@@ -221,7 +230,7 @@ def decode_step(model, cache, tok, scale=1.0):
     return decode_logits(model, model.hidden(tok[:, None], cache=cache)[:, -1], scale)  # (N, vocab)
 
 
-def _round_up(n, multiple):
+def round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
@@ -238,8 +247,8 @@ def _compiled_cache(model, N, U, G, Tp, T_new, shared_prefix, device, dtype):
     for static inputs); a new bucket or a new model compiles or records once more. The caches live as
     long as the model: ~2 * n_layer * n_embd elements of the autocast dtype per cached column (per bucket,
     U x Tp + N x T_new with shared_prefix, N x (Tp + T_new) without)."""
-    rows = lambda n: 1 << (n - 1).bit_length() if n <= 64 else _round_up(n, 64)
-    cols = lambda n: min(_round_up(n, 64), model.config.n_positions)
+    rows = lambda n: 1 << (n - 1).bit_length() if n <= 64 else round_up(n, 64)
+    cols = lambda n: min(round_up(n, 64), model.config.n_positions)
     caches = _caches.setdefault(model, {})
     key = (rows(N), rows(U), rows(G), cols(Tp), cols(T_new), shared_prefix, device, dtype) if shared_prefix \
         else (rows(N), cols(Tp + T_new), shared_prefix, device, dtype)
@@ -352,7 +361,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
         if compile_decode:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
         if shared_prefix:  # token t goes in at completion column t: read the columns up to it, in buckets
-            cache.width = min(_round_up(t + 1, WIDTH_BUCKET), cache.k[0].shape[2])
+            cache.width = min(round_up(t + 1, WIDTH_BUCKET), cache.k[0].shape[2])
         logits = step(model, cache, nxt, scale)  # (Nb, vocab)
         nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
 

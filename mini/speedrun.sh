@@ -13,7 +13,7 @@
 #   test   the CUDA tests (pytest -k cuda: names or @pytest.mark.cuda), then the fast suite without the slow
 #          learning test and this script's own test (test files that need hypothesis are left out without it)
 #   bench  mini/bench.py step at the 124M config, 64 prompts x 16, 64 tokens, micro-batch 128, bf16: ours vs
-#          transformers' generate vs TRL's GRPOTrainer (bench.json); again with --compile_decode
+#          transformers' generate vs TRL's GRPOTrainer (bench.json); again with --compile_decode --compile
 #          (bench_compiled.json); and --auto_batch_size, the batch size it picks and its speed (bench_auto.json)
 #   train  SFT of a 124M GPT-2 from scratch for SFT_MIN minutes (the hub is out of reach), then GRPO_STEPS GRPO
 #          steps of GRPO_BATCH prompts x GRPO_K from it, peak memory per step in grpo/metrics.jsonl
@@ -124,8 +124,8 @@ stage_bench() {
   if ((SMOKE)); then
     echo "== bench --compile_decode: left out of --cpu-smoke (compilation takes minutes on a CPU)"
   else
-    echo "== bench --compile_decode"
-    py -m mini.bench step "${size[@]}" --compile_decode --steps 5 --no_transformers --no_trl \
+    echo "== bench --compile_decode --compile"
+    py -m mini.bench step "${size[@]}" --compile_decode --compile --steps 5 --no_transformers --no_trl \
       --json "$OUT/bench_compiled.json" || fail=1
     export_figures
   fi

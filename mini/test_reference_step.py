@@ -220,6 +220,8 @@ CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the w
     # the fused output layer (logprobs.Head): log-probs and the entropy bonus from it, the exact KL through its logits
     "dapo-forward-fused-micro2": ["--fused_logprobs", "--loss_type", "dapo", "--kl_type", "forward",
                                   "--micro_batch_size", "2"],
+    # --compile's widths, rounded up to multiples of 16 (compiled on CUDA only): more padding, the same update
+    "grpo-k3-width-buckets-micro2": ["--compile", "--micro_batch_size", "2"],
 }
 
 
@@ -233,6 +235,8 @@ def test_trainer_update_equals_the_reference(snapshot, tmp_path, case):
     else:
         assert 0 < stopped < len(r.completions)  # some rows stopped (EOS is an action), some ran to the budget
     assert len(set(map(len, r.prompts))) > 1  # prompts of different lengths: left padding
+    if t.cfg.compile:  # the padded widths are the buckets'
+        assert r.Tp % 16 == 0 and r.comp_ids.shape[1] % 16 == 0 and r.Tp > max(map(len, r.prompts))
     want, ref_grads = reference_update(t.cfg, snapshot, r, REWARDS, epochs)
     for k, v in want.items():
         assert stats[k] == pytest.approx(v, abs=1e-5), k

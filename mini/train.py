@@ -33,7 +33,7 @@ from mini.rollout import GlobalBatch, InformativeGroups, MicroBatch, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
 from mini.runtime import PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device, seed_everything
-from mini.sampler import generate
+from mini.sampler import WIDTH_BUCKET, generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
 
@@ -103,11 +103,12 @@ class Trainer(Resumable):
             self.ref.cast_matmuls(autocast_dtype(self.device, cfg))
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
-        # the training forward may be compiled; generation has its own static-shape step (--compile_decode)
+        # the training and reference forwards may be compiled; generation has its own static-shape step (--compile_decode)
         hidden = self.model.completion_hidden
         hidden = torch.compile(hidden) if cfg.compile and self.cuda else hidden
         self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast, cfg.fused_logprobs)
-        self.ref_head = PolicyHead(self.ref, None, self.ref.completion_hidden, self.autocast, cfg.fused_logprobs)
+        ref_hidden = torch.compile(self.ref.completion_hidden) if cfg.compile and self.cuda else self.ref.completion_hidden
+        self.ref_head = PolicyHead(self.ref, None, ref_hidden, self.autocast, cfg.fused_logprobs)
         # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
         self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
             if distributed.active() else None
@@ -206,7 +207,7 @@ class Trainer(Resumable):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
         (several epochs or GAE) and values (GAE). Needs no reward, so it runs while the scorer works."""
         cfg = self.cfg
-        r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device)
+        r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device, WIDTH_BUCKET if cfg.compile else 1)
         ref_logp, old_logp, old_values = [], [], []
         batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
         with torch.no_grad():
