@@ -470,7 +470,7 @@ def main(argv=None):
     for name in ("shared_prefix_decode", "fused_logprobs"):  # the Trainer's switches, for before/after figures
         p.add_argument(f"--{name}", f"--no_{name}", action=Switch, default=FIELDS[name].default,
                        help=FIELDS[name].metadata["help"])
-    p.add_argument("--score_workers", type=int, default=0)
+    p.add_argument("--score_workers", type=int, default=-1, help="step: as train.py's (-1: on CUDA one per spare core, up to 4)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the model's random weights")
     p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")

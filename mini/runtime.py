@@ -4,6 +4,7 @@ random-number state that checkpoints carry, and the seconds of a step's phases.
 """
 import contextlib
 import math
+import os
 import random
 import resource
 import time
@@ -15,6 +16,14 @@ import torch
 def resolve_device(name):
     """cuda, cpu or auto (cuda when available)."""
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
+def score_workers(cfg, device, world=1):
+    """--score_workers, with -1 resolved: on CUDA one process per core the training processes leave, up to 4
+    (scoring then hides behind the reference pass); on a CPU none, as the cores are the trainer's."""
+    if cfg.score_workers >= 0:
+        return cfg.score_workers
+    return max(0, min(4, (os.cpu_count() or 1) // world - 1)) if device.type == "cuda" else 0
 
 
 def autocast_dtype(device, cfg):

@@ -438,7 +438,7 @@ FLAG_TESTS = {
     **{name: "mini/test_flags.py::test_engine_flags_reach_the_engine_reward"
        for name in ("p_reward", "engine_depth", "engine_nodes", "engine_cache")},
     "policy_pad": "mini/test_flags.py::test_policy_pad_reaches_the_source",
-    "score_workers": "mini/test_train.py::test_scoring_in_worker_processes_changes_nothing",
+    "score_workers": "mini/test_train.py::test_score_workers_default_takes_spare_cores_on_cuda_only",
     **{name: "mini/test_flags.py::test_evaluation_flags" for name in ("eval_every", "eval_n", "eval_chess")},
     "log_samples": "mini/test_flags.py::test_log_samples_writes_the_first_row_of_that_many_groups",
     # flags shown by the tests of their own module

@@ -34,7 +34,7 @@ from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import MicroBatch, Rollout
 from mini.runs import load_checkpoint
-from mini.runtime import lr_factor
+from mini.runtime import lr_factor, score_workers
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
@@ -419,6 +419,17 @@ def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
     assert samples == read_jsonl(tmp_path / "pool" / "samples.jsonl")
     assert all(m["zero_var_share"] < 1 and m["policy_loss"] != 0 for m in a)
     assert all(s["reward"] == scripted_reward(s["completion"]) for s in samples) and len({s["reward"] for s in samples}) > 1
+
+
+def test_score_workers_default_takes_spare_cores_on_cuda_only(monkeypatch):
+    """--score_workers -1 (the default): on CUDA one worker per core the training processes leave, at most 4;
+    on a CPU none (the cores train); a number given is kept."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert [score_workers(Config(), cuda, world) for world in (1, 4, 8, 16)] == [4, 3, 1, 0]
+    assert score_workers(Config(), cpu) == 0 and score_workers(Config(score_workers=3), cpu) == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert score_workers(Config(), cuda) == 1 and score_workers(Config(score_workers=0), cuda) == 0
 
 
 def test_signal_handlers_are_restored_after_main(tiny, tmp_path):

@@ -32,7 +32,8 @@ from mini.reward_scorer import ScoringPool, engine_reward
 from mini.rollout import GlobalBatch, InformativeGroups, MicroBatch, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
-from mini.runtime import PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device, seed_everything
+from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device,
+                          score_workers, seed_everything)
 from mini.sampler import WIDTH_BUCKET, generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
@@ -130,7 +131,7 @@ class Trainer(Resumable):
                     temperature=cfg.selfplay_temperature, top_k=cfg.selfplay_top_k, max_new_tokens=cfg.max_new_tokens,
                     mix=cfg.selfplay_mix, env_ratio=cfg.mix_env_ratio, depth=cfg.stockfish_depth,
                     workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed + self.rank)
-            self.scorer = ScoringPool(cfg.score_workers, cfg.reward_shaping, engine_reward(cfg))
+            self.scorer = ScoringPool(score_workers(cfg, self.device, self.world), cfg.reward_shaping, engine_reward(cfg))
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
         self.started = time.time(), 0  # (time, step) when this process began training: the ETA's pace
 
