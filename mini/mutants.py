@@ -110,6 +110,10 @@ MUTANTS = [
     Mutant("reference_embedding_in_bf16", "the bf16 reference keeps its output layer tied: its embedding lookup is bf16",
            "model.py", "self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().to(dtype), requires_grad=False)",
            "self.transformer.wte.to(dtype)", ("mini/test_train.py::test_the_reference_in_bf16_gives_a_kl_of_exactly_0_at_step_1",)),
+    Mutant("width_bucket_cuts_prompts", "--compile's width buckets cut the longest prompt of a micro-batch",
+           "rollout.py", "start = self.Tp - round_up(max(len(self.prompts[j]) for j in rows), self.bucket)",
+           "start = self.Tp - round_up(max(len(self.prompts[j]) for j in rows), self.bucket) + self.bucket - 1",
+           (REFERENCE,)),
     # the command line (mini/flags.py)
     Mutant("micro_batch_unchecked", "a micro-batch larger than the rollout batch is accepted",
            "flags.py", 'if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v(',
