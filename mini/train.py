@@ -100,16 +100,16 @@ class Trainer(Resumable):
         self.model, self.tok = load_model(cfg.model_path, self.device)
         self.ref, _ = load_model(cfg.model_path, self.device)  # frozen start model: the KL anchor
         self.ref.requires_grad_(False)
-        if autocast_dtype(self.device, cfg):  # cast once, not at every forward: autocast caches no frozen weight
-            self.ref.cast_matmuls(autocast_dtype(self.device, cfg))
+        dtype = autocast_dtype(self.device, cfg)
+        if dtype:  # cast once, not at every forward: autocast caches no frozen weight
+            self.ref.cast_matmuls(dtype)
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training and reference forwards may be compiled; generation has its own static-shape step (--compile_decode)
-        hidden = self.model.completion_hidden
-        hidden = torch.compile(hidden) if cfg.compile and self.cuda else hidden
-        self.policy = PolicyHead(self.model, self.value_head, hidden, self.autocast, cfg.fused_logprobs)
-        ref_hidden = torch.compile(self.ref.completion_hidden) if cfg.compile and self.cuda else self.ref.completion_hidden
-        self.ref_head = PolicyHead(self.ref, None, ref_hidden, self.autocast, cfg.fused_logprobs)
+        compiled = lambda forward: torch.compile(forward) if cfg.compile and self.cuda else forward
+        self.policy = PolicyHead(self.model, self.value_head, compiled(self.model.completion_hidden), self.autocast,
+                                 cfg.fused_logprobs)
+        self.ref_head = PolicyHead(self.ref, None, compiled(self.ref.completion_hidden), self.autocast, cfg.fused_logprobs)
         # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
         self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
             if distributed.active() else None
