@@ -122,6 +122,12 @@ class Config:
     target_kl: float = opt(0.02, "KL the adaptive controller aims at", check=POSITIVE)
     kl_horizon: int = opt(100, "steps over which the adaptive controller closes the gap", check=at_least(1))
     kl_warmup_steps: int = opt(0, "ramp kl_coef linearly from 0 over these steps", check=at_least(0))
+    env_sft_coef: float = opt(0.0, "weight of a supervised loss beside GRPO's: the mean negative log-likelihood of "
+                              "the true next state of --env_sft_batch A: transitions a step, which holds the arbiter "
+                              "while P: updates move the shared weights (its groups mostly agree, so GRPO gives them "
+                              "no advantage); 0: off", check=at_least(0))
+    env_sft_batch: int = opt(16, "A: transitions a step for --env_sft_coef, drawn from the prompt source",
+                             check=at_least(1))
     entropy_coef: float = opt(0.0, "entropy bonus weight (entropy is logged either way)")
     entropy_every: int = opt(1, "with --entropy_coef 0, compute and log the entropy on every so many steps only (a "
                              "pass over the vocabulary at every completion token)", check=at_least(1))

@@ -185,10 +185,12 @@ class PoolSource:
         self.env_ratio, self.rng, self.buffer = env_ratio, random.Random(seed), buffer
         self.held_out = held_out_keys()
 
-    def draw(self, n):
+    def draw(self, n, env_ratio=None):
+        """n training samples; env_ratio: the A: share for this draw (default: the source's)."""
+        env_ratio = self.env_ratio if env_ratio is None else env_ratio
         out = []
         while len(out) < n:
-            if self.policy and self.rng.random() >= self.env_ratio:
+            if self.policy and self.rng.random() >= env_ratio:
                 out.append(pad_policy(self.rng.choice(self.policy), self.pads, self.rng))
             elif self.env and (not self.policy or self.rng.random() < 0.5):
                 out.append(self.rng.choice(self.env))
@@ -246,10 +248,12 @@ class StreamSource:
         # waits only if Stockfish is behind
         return pad_policy(policy_sample(fen, *future.result()[fen], history=history), self.pads, self.rng)
 
-    def draw(self, n):
+    def draw(self, n, env_ratio=None):
+        """n training samples; env_ratio: the A: share for this draw (default: the source's)."""
+        env_ratio = self.env_ratio if env_ratio is None else env_ratio
         out = []
         while len(out) < n:
-            if self.recent and self.rng.random() < self.env_ratio:
+            if self.recent and self.rng.random() < env_ratio:
                 if self.buffer is not None and len(self.buffer) and self.rng.random() < 0.5:
                     fen, history = self.buffer.sample(1)[0]
                 else:

@@ -164,6 +164,12 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     return loss, stats
 
 
+def supervised_nll(logp, mask, n_tokens):
+    """Negative log-likelihood of teacher-forced true tokens: -sum of their log-probs (n, T) under mask / n_tokens,
+    the whole batch's count (a micro-batch's share of the batch mean)."""
+    return -(logp * mask).sum() / max(n_tokens, 1)
+
+
 def value_loss(values, old_values, returns, mask, value_clip=0.2, loss_type="grpo", norm=None):
     """Clipped value loss (PPO implementations): ½·max((V − R)², (V_old + clip(V − V_old, ±c) − R)²)
     per token, aggregated like the policy loss. values (N, T) with grad, old_values, returns (N, T)."""

@@ -28,6 +28,7 @@ class Rollout:
     old_values: torch.Tensor = None  # (N, Tc) value estimates (GAE)
     scores: list = None           # N (reward, components) from the scorer
     rewards: torch.Tensor = None  # (N,)
+    env_sft: "Rollout" = None     # --env_sft_coef: A: transitions with their true next states as completions
 
     @classmethod
     def of_rows(cls, rows):

@@ -219,6 +219,9 @@ def test_pool_source_mix():
         if s.task == "A":
             assert s.completion == env_completion(s.fen, s.move, s.history)
     assert [s.prompt + s.completion for s in draws] == [s.prompt + s.completion for s in draw()]
+    source = PoolSource(pool, env_ratio=0.25, seed=0)  # one draw's own A: share (--env_sft_batch: only A:)
+    assert {s.task for s in source.draw(50, env_ratio=1.0)} == {"A"}
+    assert {s.task for s in source.draw(50, env_ratio=0.0)} == {"P"}
 
 
 @needs_stockfish
@@ -250,6 +253,9 @@ def test_stream_source_labels_as_it_goes_and_resumes_exactly(tmp_path):
     _, after_one = run(1)
     assert run(2, after_one)[0] == full[1:]
     assert {p[:3] for batch in full[1:] for p in batch} == {"A: ", "P: "}
+    with closing(StreamSource(Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl")),
+                              env_ratio=0.4, seed=3, ahead=4)) as source:
+        assert [s.task for s in source.draw(3, env_ratio=1.0)] == ["P", "A", "A"]  # A: once it has a position
 
 
 def test_generate_without_stockfish_is_one_sentence():

@@ -48,11 +48,11 @@ def actions_of(completion, cfg):
     return completion + [EOS] if len(completion) < cfg.max_new_tokens else completion
 
 
-def row_forward(model, prompt, actions, value_head=None):
+def row_forward(model, prompt, actions, value_head=None, temperature=TEMPERATURE):
     """The row alone: log-probs (L, V) at the sampling temperature of the distribution each action was
     drawn from, and the values (L,) of the same states."""
     h = model.hidden(torch.tensor([prompt + actions]))[0, len(prompt) - 1:-1]  # (L, C): the state before each action
-    logp = torch.log_softmax(model.lm_head(h) / TEMPERATURE, -1)
+    logp = torch.log_softmax(model.lm_head(h) / temperature, -1)
     values = h @ value_head["value_head.v.weight"][0] + value_head["value_head.v.bias"][0] if value_head else None
     return logp, values
 
@@ -140,6 +140,14 @@ def reference_epoch(cfg, r, rewards, policy, ref, value_head, old):
                "clip_frac": sum(map(sum, terms["clipped"])) / n_tokens}
     if cfg.use_gae:
         metrics["value_loss"] = agg["value"].item()
+    if r.env_sft is not None:  # supervised A: rows: the true next state and EOS, at temperature 1, mean over tokens
+        nll, n = 0.0, 0
+        for prompt, completion in zip(r.env_sft.prompts, r.env_sft.completions):
+            truth = completion + [EOS]
+            logp, _ = row_forward(policy, prompt, truth, temperature=1.0)
+            nll, n = nll - logp[torch.arange(len(truth)), torch.tensor(truth)].sum(), n + len(truth)
+        loss = loss + cfg.env_sft_coef * nll / n
+        metrics["env_sft_nll"] = (nll / n).item()
     return loss, metrics
 
 
@@ -222,6 +230,9 @@ CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the w
                                   "--micro_batch_size", "2"],
     # --compile's widths, rounded up to multiples of 16 (compiled on CUDA only): more padding, the same update
     "grpo-k3-width-buckets-micro2": ["--compile", "--micro_batch_size", "2"],
+    # the supervised A: term beside the GRPO loss: three true transitions in micro-batches of 2 and 1, each epoch
+    "grpo-k3-env-sft-micro2-2epochs": ["--env_sft_coef", "0.5", "--env_sft_batch", "3", "--micro_batch_size", "2",
+                                       "--num_iterations", "2"],
 }
 
 
@@ -237,6 +248,9 @@ def test_trainer_update_equals_the_reference(snapshot, tmp_path, case):
     assert len(set(map(len, r.prompts))) > 1  # prompts of different lengths: left padding
     if t.cfg.compile:  # the padded widths are the buckets'
         assert r.Tp % 16 == 0 and r.comp_ids.shape[1] % 16 == 0 and r.Tp > max(map(len, r.prompts))
+    if t.cfg.env_sft_coef:  # true next states of A: transitions, of different lengths, not the sampled rows
+        assert len(r.env_sft.prompts) == 3 and len(set(map(len, r.env_sft.completions))) > 1
+        assert all(s.task == "A" for s in r.env_sft.samples) and "env_sft_nll" in stats
     want, ref_grads = reference_update(t.cfg, snapshot, r, REWARDS, epochs)
     for k, v in want.items():
         assert stats[k] == pytest.approx(v, abs=1e-5), k

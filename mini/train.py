@@ -206,7 +206,8 @@ class Trainer(Resumable):
 
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
-        (several epochs or GAE) and values (GAE). Needs no reward, so it runs while the scorer works."""
+        (several epochs or GAE), values (GAE) and the supervised A: rows (--env_sft_coef). Needs no reward, so it
+        runs while the scorer works."""
         cfg = self.cfg
         r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device, WIDTH_BUCKET if cfg.compile else 1)
         ref_logp, old_logp, old_values = [], [], []
@@ -224,6 +225,20 @@ class Trainer(Resumable):
                         old_values.append(values)
         r.ref_logp, r.old_logp, r.old_values = (MicroBatch.join(batches, x, r.comp_ids.shape) if x else None
                                                 for x in (ref_logp, old_logp, old_values))
+        r.env_sft = self.env_sft_rows() if cfg.env_sft_coef > 0 else None
+
+    def env_sft_rows(self):
+        """--env_sft_coef: this rank's share of env_sft_batch A: transitions from the prompt source, each with its
+        true next state (python-chess's) as the completion and EOS after it, as a padded rollout of groups of 1."""
+        cfg = self.cfg
+        n, drawn = max(1, cfg.env_sft_batch // self.world), []
+        while len(drawn) < n:  # a stream source draws a P: position first when it has none to move from
+            drawn += [s for s in self.source.draw(n - len(drawn), env_ratio=1.0) if s.task == "A"]
+        gold = Rollout(drawn, [self.tok.encode(s.prompt) for s in drawn],
+                       [self.tok.encode(s.completion) for s in drawn], [s.completion for s in drawn])
+        gold.pad(self.tok.eos_token_id, max(map(len, gold.completions)) + 1, self.device,  # every row ends in EOS
+                 WIDTH_BUCKET if cfg.compile else 1)
+        return gold
 
     def advantages(self, r, rewards=None, tasks=None, offset=0):
         """The rollout's per-row advantages (n,) from the group statistics of the global batch's `rewards`
@@ -259,11 +274,24 @@ class Trainer(Resumable):
         self.model.train()
         totals = {}
         batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
+        gold = r.env_sft  # the supervised A: rows go first: the last backward, which DDP syncs, is a GRPO one
+        gold_batches = gold.micro_batches(cfg.micro_batch_size, 1, self.device) if gold is not None else []
+        if gold is not None:  # the supervised term is the mean over every rank's true tokens
+            n_gold = int(gold.comp_mask.sum())
+            n_gold = int(distributed.all_sum(n_gold)) if ddp is not None else n_gold
+        passes = [(mb, True) for mb in gold_batches] + [(mb, False) for mb in batches]
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for j, mb in enumerate(batches):
+            for j, (mb, supervised) in enumerate(passes):
                 # DDP averages the gradients at the backward of the last micro-batch only
-                with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else contextlib.nullcontext():
+                with ddp.no_sync() if ddp is not None and j < len(passes) - 1 else contextlib.nullcontext():
+                    if supervised:  # teacher-forced at temperature 1: the model's own distribution, not the sampler's
+                        head = (ddp or self.policy)(*mb.inputs(gold), mb.groups)[0]
+                        logp = logprobs.head_logprobs(head, mb.take(gold.comp_ids), 1.0, False)[0]
+                        nll = grpo.supervised_nll(logp, mb.take(gold.comp_mask), n_gold)
+                        (cfg.env_sft_coef * nll * (self.world if ddp is not None else 1)).backward()
+                        totals["env_sft_nll"] = totals.get("env_sft_nll", 0.0) + nll.detach() / cfg.num_iterations
+                        continue
                     inputs = (*mb.inputs(r), mb.groups)
                     logits, values = (ddp or self.policy)(*inputs)
                     ref_logits = None
