@@ -29,6 +29,8 @@ STEP_SETTINGS = {  # the global normalisers and statistics each setting divides 
     "dapo_batch_std_adaptive": ("--loss_type", "dapo", "--scale_rewards", "batch", "--baseline_type", "adaptive",
                                 "--micro_batch_size", "2", "--num_iterations", "2", "--kl_type", "k3"),
     "grpo_gae_adaptive_kl": ("--loss_type", "grpo", "--use_gae", "--adaptive_kl", "--kl_type", "forward"),
+    # the supervised A: term's mean over every rank's true tokens; its passes leave the value head unused
+    "env_sft_gae_micro2": ("--env_sft_coef", "0.5", "--env_sft_batch", "4", "--micro_batch_size", "2", "--use_gae"),
 }
 WORKER = "import sys; from mini.test_distributed import worker; sys.exit(worker(sys.argv[1], sys.argv[2:]))"
 
@@ -83,7 +85,11 @@ def fixed_step(cfg):
     """One train_step() on a fixed global batch of PROMPTS x K rows, of which this rank takes its share; rank 0
     saves the weights, value head and metrics row to <run>/result.pt."""
     t = train.Trainer(cfg)
-    samples = [s for s in PoolSource(load_jsonl(POOL_PATH), env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
+    pool = load_jsonl(POOL_PATH)
+    samples = [s for s in PoolSource(pool, env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
+    gold = PoolSource(pool, seed=1).draw(cfg.env_sft_batch, env_ratio=1.0)  # --env_sft_coef: fixed transitions
+    share = cfg.env_sft_batch // t.world
+    t.source.draw = lambda n, env_ratio=None: gold[t.rank * share:(t.rank + 1) * share]
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]
