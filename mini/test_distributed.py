@@ -87,9 +87,10 @@ def fixed_step(cfg):
     t = train.Trainer(cfg)
     pool = load_jsonl(POOL_PATH)
     samples = [s for s in PoolSource(pool, env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
-    gold = PoolSource(pool, seed=1).draw(cfg.env_sft_batch, env_ratio=1.0)  # --env_sft_coef: fixed transitions
-    share = cfg.env_sft_batch // t.world
-    t.source.draw = lambda n, env_ratio=None: gold[t.rank * share:(t.rank + 1) * share]
+    if cfg.env_sft_coef:  # the supervised A: rows: fixed transitions, this rank its share
+        gold = PoolSource(pool, seed=1).draw(cfg.env_sft_batch, env_ratio=1.0)
+        share = cfg.env_sft_batch // t.world
+        t.source.draw = lambda n, env_ratio=None: gold[t.rank * share:(t.rank + 1) * share]
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]

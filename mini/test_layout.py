@@ -64,7 +64,6 @@ def test_the_library_imports_no_tool(name):
     assert not tools, f"library module {name}.py imports the tool(s) {sorted(tools)}: move what it needs into the library"
 
 
-
 def test_every_mutant_still_applies():
     """mutants.py's old texts each occur exactly once in their files: a change that moves one makes it stale,
     and a stale mutant tests nothing (python mini/mutants.py NAME then runs it)."""
@@ -75,6 +74,7 @@ def test_every_mutant_still_applies():
             if f.read().count(m.old) != 1:
                 stale.append(m.name)
     assert not stale, f"stale mutants (their old text is gone or not unique): {stale}"
+
 
 if __name__ == "__main__":
     import sys

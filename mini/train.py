@@ -261,9 +261,14 @@ class Trainer(Resumable):
         cfg = self.cfg
         norm = grpo.normalisers(r.comp_mask, budget=cfg.max_new_tokens)  # over the whole rollout
         ddp = self.ddp if apply else None
-        if ddp is not None:  # ... of every rank
-            n_seqs, n_tokens = distributed.all_sum(torch.tensor([norm["n_seqs"], int(r.comp_mask.sum())])).tolist()
+        gold = r.env_sft  # --env_sft_coef: its term is the mean over the true tokens (EOS included) ...
+        n_gold = sum(gold.comp_lens) if gold is not None else 0
+        if ddp is not None:  # ... of every rank, like the normalisers, in one collective
+            n_seqs, n_tokens, all_gold = distributed.all_sum(
+                torch.tensor([norm["n_seqs"], int(r.comp_mask.sum()), n_gold])).tolist()
             norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))
+            n_gold = int(all_gold)
+        rank_share = self.world if ddp is not None else 1  # DDP averages the ranks' gradients: undo its mean
         kl_coef = grpo.kl_coef_at(self.step, self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef, cfg.kl_warmup_steps)
         settings = grpo.LossSettings(cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high, cfg.loss_type,
                                      cfg.kl_type, kl_coef, cfg.entropy_coef, cfg.value_coef, cfg.value_clip)
@@ -274,11 +279,8 @@ class Trainer(Resumable):
         self.model.train()
         totals = {}
         batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
-        gold = r.env_sft  # the supervised A: rows go first: the last backward, which DDP syncs, is a GRPO one
+        # the supervised A: rows go first: the last backward, which DDP syncs, is a GRPO one
         gold_batches = gold.micro_batches(cfg.micro_batch_size, 1, self.device) if gold is not None else []
-        if gold is not None:  # the supervised term is the mean over every rank's true tokens
-            n_gold = int(gold.comp_mask.sum())
-            n_gold = int(distributed.all_sum(n_gold)) if ddp is not None else n_gold
         passes = [(mb, True) for mb in gold_batches] + [(mb, False) for mb in batches]
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -289,7 +291,7 @@ class Trainer(Resumable):
                         head = (ddp or self.policy)(*mb.inputs(gold), mb.groups)[0]
                         logp = logprobs.head_logprobs(head, mb.take(gold.comp_ids), 1.0, False)[0]
                         nll = grpo.supervised_nll(logp, mb.take(gold.comp_mask), n_gold)
-                        (cfg.env_sft_coef * nll * (self.world if ddp is not None else 1)).backward()
+                        (cfg.env_sft_coef * nll * rank_share).backward()
                         totals["env_sft_nll"] = totals.get("env_sft_nll", 0.0) + nll.detach() / cfg.num_iterations
                         continue
                     inputs = (*mb.inputs(r), mb.groups)
@@ -305,7 +307,7 @@ class Trainer(Resumable):
                         old_logp=mb.take(r.old_logp) if it > 0 else None,  # epoch 0 is on-policy: ratio 1
                         ref_logits=ref_logits, ref_logp=mb.take(r.ref_logp) if r.ref_logp is not None else None,
                         **critic, with_entropy=self.step % cfg.entropy_every == 0)
-                    (loss * self.world if ddp is not None else loss).backward()
+                    (loss * rank_share).backward()
                 for k, v in metrics.items():  # each micro-batch's share: they sum to the batch value
                     totals[k] = totals.get(k, 0.0) + v / cfg.num_iterations
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
