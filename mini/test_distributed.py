@@ -90,7 +90,8 @@ def fixed_step(cfg):
     if cfg.env_sft_coef:  # the supervised A: rows: fixed transitions, this rank its share
         gold = PoolSource(pool, seed=1).draw(cfg.env_sft_batch, env_ratio=1.0)
         share = cfg.env_sft_batch // t.world
-        t.source.draw = lambda n, env_ratio=None: gold[t.rank * share:(t.rank + 1) * share]
+        my_gold = gold[t.rank * share:(t.rank + 1) * share]  # not a closure over t, which is deleted below
+        t.source.draw = lambda n, env_ratio=None: my_gold
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]
