@@ -24,7 +24,7 @@ from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
-from mini.formats import env_completion, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
+from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
 from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
                         policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
@@ -116,8 +116,8 @@ ARBITER_FIELDS = ("next_fen", "reward", "terminated", "truncated")
 def arbiter_values(transitions, completions):
     """Per transition: each field of the A: answer equal to python-chess's, and all four at once."""
     vals = {f"chess_arbiter_{k}": [] for k in ("all",) + ARBITER_FIELDS}
-    for (fen, move, history), text in zip(transitions, completions, strict=True):
-        truth = parse_env(env_completion(fen, move, history))
+    for (fen, move, _), text in zip(transitions, completions, strict=True):
+        truth = env_label(fen, move)
         try:
             got = parse_env(text)
         except ValueError:  # an answer that does not parse is wrong in every field

@@ -119,8 +119,13 @@ def held_out_keys():
 
 
 def shows_held_out(sample, held_out):
-    """Whether a sample shows a held-out position: its own, or the next one its A: completion writes."""
-    return any(fen and position_key(fen) in held_out for fen in (sample.fen, sample.next_fen))
+    """Whether a sample shows a held-out position: its own, or the next one its A: completion writes (after a
+    legal move; env_label wrote that FEN with python-chess, so its key is its first four fields: no board to
+    build for it)."""
+    keys = [position_key(sample.fen)]
+    if sample.task == "A" and not sample.truncated:
+        keys.append(" ".join(sample.next_fen.split()[:4]))
+    return any(k in held_out for k in keys)
 
 
 class ReplayBuffer:

@@ -83,24 +83,35 @@ def env_prompt(fen, move, history):
     return "A: " + fen + "+" + move + "+" + " ".join(_history(history)) + "+"
 
 
-def env_completion(fen, move, history=()):
-    """Ground truth of the A: task. history (which ends with move) cannot change the result:
-    fivefold repetition needs more than the 10 half-moves the format carries."""
-    # legal_ucis, not board.legal_moves: python-chess also accepts castling written king-takes-rook (e1h1)
-    if move not in legal_ucis(fen):  # illegal or unparsable: state unchanged, episode cut
-        return f"{fen}+-1.0+0+1"
+def env_label(fen, move):
+    """Ground truth of the A: task: (next_fen, reward, terminated, truncated) from one board. next_fen of a
+    legal move is python-chess's own FEN of the position, so its first four fields are its position_key."""
     board = chess.Board(fen)
+    if move not in board_ucis(board):  # illegal or unparsable: state unchanged, episode cut
+        return fen, -1.0, 0, 1
     board.push_uci(move)
     outcome = board.outcome()
-    reward = 1.0 if board.is_checkmate() else 0.5 if outcome else 0.001
-    return f"{board.fen()}+{reward}+{int(outcome is not None)}+0"
+    mate = outcome is not None and outcome.termination == chess.Termination.CHECKMATE
+    return board.fen(), 1.0 if mate else 0.5 if outcome else 0.001, int(outcome is not None), 0
+
+
+def env_completion(fen, move, history=()):
+    """The A: completion text of env_label. history (which ends with move) cannot change the result:
+    fivefold repetition needs more than the 10 half-moves the format carries."""
+    return "+".join(map(str, env_label(fen, move)))
+
+
+def board_ucis(board):
+    """The legal moves of a board in standard UCI (castling e1g1, never king-takes-rook e1h1, which
+    python-chess's push_uci also accepts): the one legality rule of every reward, the A: ground truth and
+    self-play."""
+    return frozenset(m.uci() for m in board.legal_moves)
 
 
 @lru_cache(maxsize=4096)  # the k completions of a group share their position
 def legal_ucis(fen):
-    """The legal moves in standard UCI (castling e1g1, never king-takes-rook e1h1): the one legality rule of
-    every reward, the A: ground truth and self-play."""
-    return frozenset(m.uci() for m in chess.Board(fen).legal_moves)
+    """board_ucis of a FEN."""
+    return board_ucis(chess.Board(fen))
 
 
 ILLEGAL_KINDS = ("from", "geometry", "check")
@@ -178,9 +189,9 @@ def policy_sample(fen, moves, evals, best=None, history=()):
 def env_sample(fen, move, history):
     """A: sample with python-chess ground truth."""
     history = _history(history)
-    completion = env_completion(fen, move, history)
-    next_fen, reward, terminated, truncated = parse_env(completion)
-    return Sample("A", fen, env_prompt(fen, move, history), completion, history=history, move=move,
+    label = env_label(fen, move)
+    next_fen, reward, terminated, truncated = label
+    return Sample("A", fen, env_prompt(fen, move, history), "+".join(map(str, label)), history=history, move=move,
                   next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
 
 

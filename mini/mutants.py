@@ -308,6 +308,12 @@ MUTANTS = [
            "dataset.py", "return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))",
            "return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer)",
            (f"{FLAGS}::test_policy_pad_reaches_the_source",)),
+    Mutant("held_out_next_state_unchecked", "an A: transition onto a held-out position is kept (its next state unkeyed)",
+           "dataset.py", 'if sample.task == "A" and not sample.truncated:', 'if sample.task == "A" and sample.truncated:',
+           ("mini/test_dataset.py::test_no_training_prompt_shows_a_held_out_position",)),
+    Mutant("mate_is_a_draw", "a checkmating move's A: reward is the draw's 0.5",
+           "formats.py", "outcome.termination == chess.Termination.CHECKMATE", "outcome.termination == chess.Termination.STALEMATE",
+           ("mini/test_formats.py",)),
 ]
 
 

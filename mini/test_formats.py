@@ -107,6 +107,9 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
 @pytest.mark.parametrize("fen,move,expected", ENV_CASES)
 def test_env_ground_truth(fen, move, expected):
     assert env_completion(fen, move, [move]) == expected
+    next_fen, truncated = expected.split("+")[0], expected.endswith("+1")
+    if not truncated:  # shows_held_out keys a legal move's next FEN by its fields, without a board
+        assert position_key(next_fen) == " ".join(next_fen.split()[:4])
 
 
 @pytest.mark.parametrize("fen,move,expected", [
