@@ -95,10 +95,15 @@ def env_label(fen, move):
     return board.fen(), 1.0 if mate else 0.5 if outcome else 0.001, int(outcome is not None), 0
 
 
+def env_text(label):
+    """An env_label as A: completion text: 'next_fen+reward+terminated+truncated'."""
+    return "+".join(map(str, label))
+
+
 def env_completion(fen, move, history=()):
     """The A: completion text of env_label. history (which ends with move) cannot change the result:
     fivefold repetition needs more than the 10 half-moves the format carries."""
-    return "+".join(map(str, env_label(fen, move)))
+    return env_text(env_label(fen, move))
 
 
 def board_ucis(board):
@@ -191,7 +196,7 @@ def env_sample(fen, move, history):
     history = _history(history)
     label = env_label(fen, move)
     next_fen, reward, terminated, truncated = label
-    return Sample("A", fen, env_prompt(fen, move, history), "+".join(map(str, label)), history=history, move=move,
+    return Sample("A", fen, env_prompt(fen, move, history), env_text(label), history=history, move=move,
                   next_fen=next_fen, reward=reward, terminated=terminated, truncated=truncated)
 
 
