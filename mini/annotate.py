@@ -21,11 +21,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
-from mini.flags import Parser
+from mini.flags import Parser, Switch
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
-from mini.positions import (HISTORY_BUCKETS, game_fens, game_transitions, history_bucket, iter_positions, phase, play_game,
-                            random_env_sample)
+from mini.positions import (HISTORY_BUCKETS, build_mates, game_fens, game_transitions, history_bucket, iter_positions,
+                            phase, play_game, random_env_sample)
 from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
                             find_stockfish, open_engine, read_jsonl)
 
@@ -166,6 +166,22 @@ def build_from_games(a):
           f"({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 
 
+def build_mate_pool(a):
+    """--mates: a training pool of a.pool mate-in-one positions (P: only, no history), labelled like the rest: so
+    that a GRPO run meets mates in every few steps (the generated and realistic pools hold about 2.5% mate
+    positions). Disjoint by position from every held-out set, the mate-in-one test set included."""
+    t0 = time.time()
+    records = build_mates(a.pool, a.seed, exclude=held_out_keys())
+    positions = [(r["fen"], [], r["phase"]) for r in records]
+    with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
+        labels = ann.annotate([fen for fen, _, _ in positions])
+        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool,
+                "generator": "mini.positions.build_mates", "command": "python mini/annotate.py " + " ".join(a.argv)}
+    write_jsonl(a.pool_path, meta, positions, labels)
+    print(f"wrote {len(positions)} mate-in-one positions to {a.pool_path} ({meta['stockfish']}, {ann.tag}) "
+          f"in {time.time() - t0:.0f} s")
+
+
 def describe(path):
     """The distributions of a data file, as lines: move number, pieces on the board and phase of its P:
     positions; history length of its A: transitions (the move included)."""
@@ -214,6 +230,9 @@ def main(argv=None):
                    "uniformly (with --games; 0: every one)")
     p.add_argument("--cut_rate", type=float, default=0.25, help="share of the pool's A: transitions whose history is cut "
                    "to a random shorter length, as for a position handed over without its game (with --games)")
+    p.add_argument("--mates", action=Switch, default=False, help="instead of generated positions: --pool positions with a "
+                   "mate in one (positions.build_mates, the generator of the mate-in-one test set, under --seed; none "
+                   "held out), a training pool written to --pool_path, which it needs")
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
     if a.describe:
@@ -221,6 +240,10 @@ def main(argv=None):
             print("\n".join(describe(path)))
         return
     a.argv = sys.argv[1:] if argv is None else argv
+    if a.mates:
+        if not a.pool_path or a.games:
+            p.error("--mates writes a training pool of its own: give it --pool_path PATH, and no --games")
+        return build_mate_pool(a)
     if a.games:
         a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
         return build_from_games(a)

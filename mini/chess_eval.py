@@ -10,7 +10,6 @@ values let --compare pair two reports with bootstrap intervals; the README defin
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import time
@@ -18,61 +17,22 @@ from collections import Counter
 
 import chess
 import chess.engine
-from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
-from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt, position_key
+from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
 from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
                         policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
-from mini.positions import play
+from mini.positions import build_mates
 from mini.runtime import autocast, resolve_device
 from mini.stockfish import (BLUNDER_CP, ENGINE_NAMES, Annotator, EngineFailure, close_engine, engine_deadline,
                             find_stockfish, open_engine)
 
 
 # ----------------------------------------------------------------------------- 1. mate in one
-
-def mating_moves(board):
-    """Every move that checkmates, sorted UCI."""
-    out = []
-    for m in board.legal_moves:
-        if board.gives_check(m):  # cheap filter: a mate is a check
-            board.push(m)
-            if board.is_checkmate():
-                out.append(m.uci())
-            board.pop()
-    return sorted(out)
-
-
-def phase_of(board):
-    return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
-
-
-def build_mates(n, seed=0, max_plies=200, per_game=2, exclude=()):
-    """n distinct positions (by position_key, none in exclude) with a mate in one: plausible random games
-    (positions.play, capture bias drawn per game so that some games thin out into endgames) are played to
-    their end or max_plies, and up to per_game of each game's mate-in-one positions are kept, drawn at random,
-    so that no single game dominates."""
-    rng, seen, out = random.Random(seed), set(exclude), []
-    with tqdm(total=n, desc="mate-in-one positions") as bar:
-        while len(out) < n:
-            board, bias, found = chess.Board(), rng.choice([0.5, 1.0, 3.0]), []
-            while not board.is_game_over() and board.ply() < max_plies:
-                mates = mating_moves(board)
-                if mates and position_key(board.fen()) not in seen:
-                    found.append({"fen": board.fen(), "mates": mates, "phase": phase_of(board)})
-                play(board, rng, bias)
-            for r in rng.sample(found, min(per_game, len(found))):
-                if len(out) < n and position_key(r["fen"]) not in seen:
-                    seen.add(position_key(r["fen"]))
-                    out.append(r)
-                    bar.update()
-    return out
-
 
 def write_mates(path, records, meta):
     tmp = path + ".tmp"
@@ -404,7 +364,7 @@ def build_command(a, argv):
     t0 = time.time()
     records = build_mates(a.n, a.seed, exclude=shipped_keys())
     phases = Counter(r["phase"] for r in records)
-    meta = {"n": len(records), "seed": a.seed, "generator": "mini.chess_eval.build_mates (positions.play games, "
+    meta = {"n": len(records), "seed": a.seed, "generator": "mini.positions.build_mates (positions.play games, "
             "up to 2 mate-in-one positions a game, none in pool.jsonl or eval.jsonl)",
             "phases": dict(sorted(phases.items())),
             "white_to_move": sum(r["fen"].split()[1] == "w" for r in records),

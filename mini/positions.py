@@ -9,6 +9,7 @@ import random
 
 import chess
 import chess.engine
+from tqdm.auto import tqdm
 
 from mini.formats import env_sample, position_key
 
@@ -208,6 +209,40 @@ def game_fens(moves):
 def phase(board):
     """opening (the first 16 plies), endgame (fewer than 14 pieces) or middlegame."""
     return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
+
+
+def mating_moves(board):
+    """Every move that checkmates, sorted UCI."""
+    out = []
+    for m in board.legal_moves:
+        if board.gives_check(m):  # cheap filter: a mate is a check
+            board.push(m)
+            if board.is_checkmate():
+                out.append(m.uci())
+            board.pop()
+    return sorted(out)
+
+
+def build_mates(n, seed=0, max_plies=200, per_game=2, exclude=()):
+    """n distinct positions (by position_key, none in exclude) with a mate in one: plausible random games
+    (positions.play, capture bias drawn per game so that some games thin out into endgames) are played to
+    their end or max_plies, and up to per_game of each game's mate-in-one positions are kept, drawn at random,
+    so that no single game dominates."""
+    rng, seen, out = random.Random(seed), set(exclude), []
+    with tqdm(total=n, desc="mate-in-one positions") as bar:
+        while len(out) < n:
+            board, bias, found = chess.Board(), rng.choice([0.5, 1.0, 3.0]), []
+            while not board.is_game_over() and board.ply() < max_plies:
+                mates = mating_moves(board)
+                if mates and position_key(board.fen()) not in seen:
+                    found.append({"fen": board.fen(), "mates": mates, "phase": phase(board)})
+                play(board, rng, bias)
+            for r in rng.sample(found, min(per_game, len(found))):
+                if len(out) < n and position_key(r["fen"]) not in seen:
+                    seen.add(position_key(r["fen"]))
+                    out.append(r)
+                    bar.update()
+    return out
 
 
 HISTORY_BUCKETS = ((1, 2), (3, 5), (6, 10))  # A: history lengths, the move included (evaluate.py reports each)

@@ -7,9 +7,11 @@ import chess
 import chess.engine
 import pytest
 
+import mini.annotate as annotate
 from mini.annotate import main
-from mini.dataset import load_jsonl
+from mini.dataset import held_out_keys, load_jsonl
 from mini.formats import position_key
+from mini.positions import build_mates
 from mini.stockfish import Annotator, append_jsonl, cp_loss, find_stockfish, read_jsonl
 
 try:
@@ -172,6 +174,26 @@ def test_build_command_resumes_from_its_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(Annotator, "_analyse", no_engine)
     main(args)
     assert [open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")] == first
+
+
+@needs_stockfish
+def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeypatch):
+    """--mates: positions with a mate in one, Stockfish's PV1 a mate (eval 999.99), none held out (here: the
+    first two the seed would give, declared held out); without --pool_path it would overwrite the shipped pool,
+    so it refuses."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--mates", "--pool", "2"])
+    assert stop.value.code == 2 and "--pool_path" in capsys.readouterr().err
+    held_out = {position_key(r["fen"]) for r in build_mates(2, seed=3)}
+    monkeypatch.setattr(annotate, "held_out_keys", lambda: held_out_keys() | held_out)
+    pool = str(tmp_path / "mates.jsonl")
+    main(["--mates", "--pool", "4", "--seed", "3", "--depth", "4", "--workers", "1", "--cache", "", "--pool_path", pool])
+    samples = load_jsonl(pool)
+    assert len(samples) == 4 and not {position_key(s.fen) for s in samples} & (held_out_keys() | held_out)
+    for s in samples:
+        board = chess.Board(s.fen)
+        board.push_uci(s.best)
+        assert board.is_checkmate() and s.evals[s.moves.index(s.best)] == 999.99
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from mini.formats import env_completion, position_key
 from mini.games import (OPENINGS, eval_mates, game_starts, load_mates, mate_values, opening_board, policy_move,
                         quick_metrics, self_play, selfplay_summary, selfplay_values)
 from mini.loader import load_model, save_model
+from mini.positions import mating_moves
 from mini.model import GPT, GPTConfig
 from mini.stockfish import Annotator, find_stockfish
 from mini.tokenizer import Tokenizer
@@ -59,7 +60,7 @@ def perfect_arbiter(prompts):
 
 def test_hand_made_mates_are_right():
     for r in MATES:
-        assert ce.mating_moves(chess.Board(r["fen"])) == r["mates"]
+        assert mating_moves(chess.Board(r["fen"])) == r["mates"]
 
 
 def test_mate_in_one_scores():
@@ -216,13 +217,6 @@ def test_shipped_mate_file_rechecked():
         sides.add(board.turn)
     assert sides == {chess.WHITE, chess.BLACK}
     assert len({r["phase"] for r in records}) == 3
-
-
-def test_build_is_deterministic_and_excludes(tmp_path):
-    a = ce.build_mates(3, seed=3, max_plies=120)
-    assert a == ce.build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
-    b = ce.build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
-    assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
 
 
 @pytest.fixture(scope="module")

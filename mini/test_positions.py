@@ -13,7 +13,7 @@ import pytest
 from mini.annotate import game_env_records, main as annotate_main, play_games
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import policy_prompt, policy_sample, position_key
-from mini.positions import HISTORY_BUCKETS, game_transitions, history_bucket, play_game
+from mini.positions import HISTORY_BUCKETS, build_mates, game_transitions, history_bucket, play_game
 from mini.stockfish import find_stockfish
 
 ENDS = {"checkmate", "stalemate", "insufficient_material", "threefold_repetition", "fifty_moves",
@@ -128,3 +128,10 @@ def test_policy_prompts_at_both_paddings():
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_build_is_deterministic_and_excludes():
+    a = build_mates(3, seed=3, max_plies=120)
+    assert a == build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
+    b = build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
+    assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
