@@ -314,6 +314,10 @@ MUTANTS = [
     Mutant("mate_is_a_draw", "a checkmating move's A: reward is the draw's 0.5",
            "formats.py", "outcome.termination == chess.Termination.CHECKMATE", "outcome.termination == chess.Termination.STALEMATE",
            ("mini/test_formats.py",)),
+    Mutant("mate_pool_keeps_held_out", "annotate --mates keeps mate positions that a held-out set holds",
+           "annotate.py", "records = build_mates(a.pool, a.seed, exclude=held_out_keys())",
+           "records = build_mates(a.pool, a.seed)",
+           ("mini/test_annotate.py::test_mate_pool_is_labelled_mates_and_held_out_free",)),
 ]
 
 

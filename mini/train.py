@@ -211,7 +211,7 @@ class Trainer(Resumable):
         cfg = self.cfg
         r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device, WIDTH_BUCKET if cfg.compile else 1)
         ref_logp, old_logp, old_values = [], [], []
-        batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
+        r.batches = batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
         with torch.no_grad():
             for mb in batches:
                 inputs, comp_ids = (*mb.inputs(r), mb.groups), mb.take(r.comp_ids)
@@ -278,7 +278,7 @@ class Trainer(Resumable):
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.model.train()
         totals = {}
-        batches = r.micro_batches(cfg.micro_batch_size, cfg.k_samples, self.device)
+        batches = r.batches
         # the supervised A: rows go first: the last backward, which DDP syncs, is a GRPO one
         gold_batches = gold.micro_batches(cfg.micro_batch_size, 1, self.device) if gold is not None else []
         passes = [(mb, True) for mb in gold_batches] + [(mb, False) for mb in batches]
