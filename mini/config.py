@@ -128,6 +128,12 @@ class Config:
                               "no advantage); 0: off", check=at_least(0))
     env_sft_batch: int = opt(16, "A: transitions a step for --env_sft_coef, drawn from the prompt source",
                              check=at_least(1))
+    policy_sft_coef: float = opt(0.0, "weight of a supervised loss on P: prompts, as --env_sft_coef's on A:: the mean "
+                                 "negative log-likelihood of Stockfish's analysis (M:, E:, B:) of --policy_sft_batch "
+                                 "P: positions a step, which holds the labelled moves (legal ones, mates) while GRPO's "
+                                 "updates drift; 0: off", check=at_least(0))
+    policy_sft_batch: int = opt(16, "P: positions a step for --policy_sft_coef, drawn from the prompt source",
+                                check=at_least(1))
     entropy_coef: float = opt(0.0, "entropy bonus weight (entropy is logged either way)")
     entropy_every: int = opt(1, "with --entropy_coef 0, compute and log the entropy on every so many steps only (a "
                              "pass over the vocabulary at every completion token)", check=at_least(1))

@@ -29,6 +29,7 @@ class Rollout:
     scores: list = None           # N (reward, components) from the scorer
     rewards: torch.Tensor = None  # (N,)
     env_sft: "Rollout" = None     # --env_sft_coef: A: transitions with their true next states as completions
+    policy_sft: "Rollout" = None  # --policy_sft_coef: P: positions with Stockfish's analysis as completions
     batches: list = None          # the MicroBatches of the passes over it, made once by Trainer.prepare
 
     @classmethod

@@ -83,6 +83,15 @@ def test_a_data_file_never_yields_a_held_out_position(tmp_path):
         make_source(Config(data_source="file", data_file=str(path)))
 
 
+def test_policy_sft_on_a_file_without_p_positions_says_so(tmp_path):
+    """--policy_sft_coef draws P: positions: from a file of A: transitions alone it would wait for ever."""
+    path = tmp_path / "transitions.jsonl"
+    path.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % chess.STARTING_FEN)
+    assert make_source(Config(data_source="file", data_file=str(path))).env  # without the term: fine
+    with pytest.raises(ValueError, match="holds no P: position for --policy_sft_coef"):
+        make_source(Config(data_source="file", data_file=str(path), policy_sft_coef=1.0))
+
+
 def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_path):
     """eval.jsonl writes '-' after d2d4 (no black pawn can take on d3), FEN's standard writes d3: one position."""
     held_out = next(s for s in load_jsonl(EVAL_PATH) if s.fen == "1rbq1rk1/pppp1ppp/7n/3N4/2nPB3/P3P3/P1P3PP/R1BQ1RK1 b - - 0 11")

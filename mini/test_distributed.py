@@ -29,8 +29,9 @@ STEP_SETTINGS = {  # the global normalisers and statistics each setting divides 
     "dapo_batch_std_adaptive": ("--loss_type", "dapo", "--scale_rewards", "batch", "--baseline_type", "adaptive",
                                 "--micro_batch_size", "2", "--num_iterations", "2", "--kl_type", "k3"),
     "grpo_gae_adaptive_kl": ("--loss_type", "grpo", "--use_gae", "--adaptive_kl", "--kl_type", "forward"),
-    # the supervised A: term's mean over every rank's true tokens; its passes leave the value head unused
-    "env_sft_gae_micro2": ("--env_sft_coef", "0.5", "--env_sft_batch", "4", "--micro_batch_size", "2", "--use_gae"),
+    # the supervised terms' means over every rank's true tokens; their passes leave the value head unused
+    "both_sft_gae_micro2": ("--env_sft_coef", "0.5", "--env_sft_batch", "4", "--policy_sft_coef", "0.3",
+                            "--policy_sft_batch", "2", "--micro_batch_size", "2", "--use_gae"),
 }
 WORKER = "import sys; from mini.test_distributed import worker; sys.exit(worker(sys.argv[1], sys.argv[2:]))"
 
@@ -87,11 +88,12 @@ def fixed_step(cfg):
     t = train.Trainer(cfg)
     pool = load_jsonl(POOL_PATH)
     samples = [s for s in PoolSource(pool, env_ratio=0.5, seed=0).draw(PROMPTS) for _ in range(K)]
-    if cfg.env_sft_coef:  # the supervised A: rows: fixed transitions, this rank its share
-        gold = PoolSource(pool, seed=1).draw(cfg.env_sft_batch, env_ratio=1.0)
-        share = cfg.env_sft_batch // t.world
-        my_gold = gold[t.rank * share:(t.rank + 1) * share]  # not a closure over t, which is deleted below
-        t.source.draw = lambda n, env_ratio=None: my_gold
+    if cfg.env_sft_coef or cfg.policy_sft_coef:  # the supervised rows: fixed ones of each task, this rank its share
+        golds = {}
+        for ratio, batch in ((1.0, cfg.env_sft_batch), (0.0, cfg.policy_sft_batch)):
+            share = batch // t.world
+            golds[ratio] = PoolSource(pool, seed=1).draw(batch, env_ratio=ratio)[t.rank * share:(t.rank + 1) * share]
+        t.source.draw = lambda n, env_ratio=None: golds[env_ratio]  # not a closure over t, which is deleted below
     g = torch.Generator().manual_seed(0)
     completions = [torch.randint(0, 50000, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
                    for _ in samples]

@@ -460,8 +460,8 @@ FLAG_TESTS = {
     "auto_batch_size": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "memory_fraction": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "compile": "mini/test_reference_step.py::test_trainer_update_equals_the_reference",  # its width-buckets case
-    **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference"  # its env-sft case
-       for name in ("env_sft_coef", "env_sft_batch")},
+    **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference"  # its supervised cases
+       for name in ("env_sft_coef", "env_sft_batch", "policy_sft_coef", "policy_sft_batch")},
     **{name: "mini/test_sft.py::test_short_run_learns_and_writes_a_snapshot"
        for name in ("n_layer", "n_head", "n_embd", "n_positions")},
 }

@@ -140,14 +140,16 @@ def reference_epoch(cfg, r, rewards, policy, ref, value_head, old):
                "clip_frac": sum(map(sum, terms["clipped"])) / n_tokens}
     if cfg.use_gae:
         metrics["value_loss"] = agg["value"].item()
-    if r.env_sft is not None:  # supervised A: rows: the true next state and EOS, at temperature 1, mean over tokens
+    for name, coef, gold in (("env_sft", cfg.env_sft_coef, r.env_sft), ("policy_sft", cfg.policy_sft_coef, r.policy_sft)):
+        if gold is None:  # supervised rows: the true completion and EOS, at temperature 1, mean over each term's tokens
+            continue
         nll, n = 0.0, 0
-        for prompt, completion in zip(r.env_sft.prompts, r.env_sft.completions):
+        for prompt, completion in zip(gold.prompts, gold.completions):
             truth = completion + [EOS]
             logp, _ = row_forward(policy, prompt, truth, temperature=1.0)
             nll, n = nll - logp[torch.arange(len(truth)), torch.tensor(truth)].sum(), n + len(truth)
-        loss = loss + cfg.env_sft_coef * nll / n
-        metrics["env_sft_nll"] = (nll / n).item()
+        loss = loss + coef * nll / n
+        metrics[name + "_nll"] = (nll / n).item()
     return loss, metrics
 
 
@@ -233,6 +235,9 @@ CASES = {  # each loss type; k3 and an exact KL; micro-batches of 1, 2 and the w
     # the supervised A: term beside the GRPO loss: three true transitions in micro-batches of 2 and 1, each epoch
     "grpo-k3-env-sft-micro2-2epochs": ["--env_sft_coef", "0.5", "--env_sft_batch", "3", "--micro_batch_size", "2",
                                        "--num_iterations", "2"],
+    # both supervised terms, each the mean over its own tokens: A: transitions and P: analyses
+    "grpo-k3-both-sft-micro2": ["--env_sft_coef", "0.5", "--env_sft_batch", "2", "--policy_sft_coef", "0.3",
+                                "--policy_sft_batch", "3", "--micro_batch_size", "2"],
 }
 
 
@@ -249,8 +254,11 @@ def test_trainer_update_equals_the_reference(snapshot, tmp_path, case):
     if t.cfg.compile:  # the padded widths are the buckets'
         assert r.Tp % 16 == 0 and r.comp_ids.shape[1] % 16 == 0 and r.Tp > max(map(len, r.prompts))
     if t.cfg.env_sft_coef:  # true next states of A: transitions, of different lengths, not the sampled rows
-        assert len(r.env_sft.prompts) == 3 and len(set(map(len, r.env_sft.completions))) > 1
+        assert len(r.env_sft.prompts) == t.cfg.env_sft_batch and len(set(map(len, r.env_sft.completions))) > 1
         assert all(s.task == "A" for s in r.env_sft.samples) and "env_sft_nll" in stats
+    if t.cfg.policy_sft_coef:  # Stockfish's analyses of P: positions
+        assert len(r.policy_sft.prompts) == 3 and all(s.task == "P" for s in r.policy_sft.samples)
+        assert "policy_sft_nll" in stats and stats["policy_sft_nll"] != stats["env_sft_nll"]
     want, ref_grads = reference_update(t.cfg, snapshot, r, REWARDS, epochs)
     for k, v in want.items():
         assert stats[k] == pytest.approx(v, abs=1e-5), k

@@ -206,7 +206,8 @@ class Trainer(Resumable):
 
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
-        (several epochs or GAE), values (GAE) and the supervised A: rows (--env_sft_coef). Needs no reward, so it
+        (several epochs or GAE), values (GAE) and the supervised rows (--env_sft_coef, --policy_sft_coef). Needs no
+        reward, so it
         runs while the scorer works."""
         cfg = self.cfg
         r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device, WIDTH_BUCKET if cfg.compile else 1)
@@ -225,15 +226,17 @@ class Trainer(Resumable):
                         old_values.append(values)
         r.ref_logp, r.old_logp, r.old_values = (MicroBatch.join(batches, x, r.comp_ids.shape) if x else None
                                                 for x in (ref_logp, old_logp, old_values))
-        r.env_sft = self.env_sft_rows() if cfg.env_sft_coef > 0 else None
+        r.env_sft = self.supervised_rows("A", cfg.env_sft_batch) if cfg.env_sft_coef > 0 else None
+        r.policy_sft = self.supervised_rows("P", cfg.policy_sft_batch) if cfg.policy_sft_coef > 0 else None
 
-    def env_sft_rows(self):
-        """--env_sft_coef: this rank's share of env_sft_batch A: transitions from the prompt source, each with its
-        true next state (python-chess's) as the completion and EOS after it, as a padded rollout of groups of 1."""
+    def supervised_rows(self, task, batch):
+        """--env_sft_coef (task "A") or --policy_sft_coef ("P"): this rank's share of `batch` prompts of the task
+        from the prompt source, each with its true completion (A: python-chess's next state; P: Stockfish's
+        analysis) and EOS after it, as a padded rollout of groups of 1."""
         cfg = self.cfg
-        n, drawn = max(1, cfg.env_sft_batch // self.world), []
+        n, drawn = max(1, batch // self.world), []
         while len(drawn) < n:  # a stream source draws a P: position first when it has none to move from
-            drawn += [s for s in self.source.draw(n - len(drawn), env_ratio=1.0) if s.task == "A"]
+            drawn += [s for s in self.source.draw(n - len(drawn), env_ratio=float(task == "A")) if s.task == task]
         gold = Rollout(drawn, [self.tok.encode(s.prompt) for s in drawn],
                        [self.tok.encode(s.completion) for s in drawn], [s.completion for s in drawn])
         gold.pad(self.tok.eos_token_id, max(map(len, gold.completions)) + 1, self.device,  # every row ends in EOS
@@ -261,13 +264,16 @@ class Trainer(Resumable):
         cfg = self.cfg
         norm = grpo.normalisers(r.comp_mask, budget=cfg.max_new_tokens)  # over the whole rollout
         ddp = self.ddp if apply else None
-        gold = r.env_sft  # --env_sft_coef: its term is the mean over the true tokens (EOS included) ...
-        n_gold = sum(gold.comp_lens) if gold is not None else 0
+        # the supervised terms: each the mean NLL over its true tokens (EOS included) ...
+        supervised = [(name, coef, gold) for name, coef, gold in (("env_sft", cfg.env_sft_coef, r.env_sft),
+                                                                  ("policy_sft", cfg.policy_sft_coef, r.policy_sft))
+                      if gold is not None]
+        n_gold = [sum(gold.comp_lens) for _, _, gold in supervised]
         if ddp is not None:  # ... of every rank, like the normalisers, in one collective
-            n_seqs, n_tokens, all_gold = distributed.all_sum(
-                torch.tensor([norm["n_seqs"], int(r.comp_mask.sum()), n_gold])).tolist()
+            n_seqs, n_tokens, *all_gold = distributed.all_sum(
+                torch.tensor([norm["n_seqs"], int(r.comp_mask.sum()), *n_gold])).tolist()
             norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))
-            n_gold = int(all_gold)
+            n_gold = [int(n) for n in all_gold]
         rank_share = self.world if ddp is not None else 1  # DDP averages the ranks' gradients: undo its mean
         kl_coef = grpo.kl_coef_at(self.step, self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef, cfg.kl_warmup_steps)
         settings = grpo.LossSettings(cfg.temperature, cfg.clip_eps_low, cfg.clip_eps_high, cfg.loss_type,
@@ -279,20 +285,21 @@ class Trainer(Resumable):
         self.model.train()
         totals = {}
         batches = r.batches
-        # the supervised A: rows go first: the last backward, which DDP syncs, is a GRPO one
-        gold_batches = gold.micro_batches(cfg.micro_batch_size, 1, self.device) if gold is not None else []
-        passes = [(mb, True) for mb in gold_batches] + [(mb, False) for mb in batches]
+        # the supervised rows go first: the last backward, which DDP syncs, is a GRPO one
+        passes = [(mb, term) for term, (_, _, gold) in enumerate(supervised)
+                  for mb in gold.micro_batches(cfg.micro_batch_size, 1, self.device)] + [(mb, None) for mb in batches]
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for j, (mb, supervised) in enumerate(passes):
+            for j, (mb, term) in enumerate(passes):
                 # DDP averages the gradients at the backward of the last micro-batch only
                 with ddp.no_sync() if ddp is not None and j < len(passes) - 1 else contextlib.nullcontext():
-                    if supervised:  # teacher-forced at temperature 1: the model's own distribution, not the sampler's
+                    if term is not None:  # teacher-forced at temperature 1: the model's own distribution, not the sampler's
+                        name, coef, gold = supervised[term]
                         head = (ddp or self.policy)(*mb.inputs(gold), mb.groups)[0]
                         logp = logprobs.head_logprobs(head, mb.take(gold.comp_ids), 1.0, False)[0]
-                        nll = grpo.supervised_nll(logp, mb.take(gold.comp_mask), n_gold)
-                        (cfg.env_sft_coef * nll * rank_share).backward()
-                        totals["env_sft_nll"] = totals.get("env_sft_nll", 0.0) + nll.detach() / cfg.num_iterations
+                        nll = grpo.supervised_nll(logp, mb.take(gold.comp_mask), n_gold[term])
+                        (coef * nll * rank_share).backward()
+                        totals[name + "_nll"] = totals.get(name + "_nll", 0.0) + nll.detach() / cfg.num_iterations
                         continue
                     inputs = (*mb.inputs(r), mb.groups)
                     logits, values = (ddp or self.policy)(*inputs)
