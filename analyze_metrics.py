@@ -17,8 +17,8 @@ import sys
 from mini.runs import read_rows
 
 TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
-         "env_sft_nll", "zero_var_share", "ds_zero_var_share_drawn", "ds_reward_mean_drawn", "ds_rounds", "clip_frac",
-         "grad_norm", "time_step"]
+         "env_sft_nll", "policy_sft_nll", "zero_var_share", "ds_zero_var_share_drawn", "ds_reward_mean_drawn", "ds_rounds",
+         "clip_frac", "grad_norm", "time_step"]
 KL_DRIFT = 0.2  # healthy runs in RESULTS.md stay under 0.05; the --lr 2e-4 run that degraded reached 0.3-0.4
 EVAL = ["eval_reward", "eval_reward_P", "eval_reward_A", "eval_P_invalid", "eval_P_best_legal", "eval_P_best_acc_pv1",
         "eval_P_top5_acc", "eval_A_invalid", "eval_A_next_state_exact", "eval_A_levenshtein"]
