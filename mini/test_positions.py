@@ -125,13 +125,13 @@ def test_policy_prompts_at_both_paddings():
     assert source.draw(1)[0].prompt == policy_prompt(s.fen, 89)
 
 
-if __name__ == "__main__":
-    import sys
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_build_is_deterministic_and_excludes():
     a = build_mates(3, seed=3, max_plies=120)
     assert a == build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
     b = build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
     assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -207,8 +207,7 @@ class Trainer(Resumable):
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
         (several epochs or GAE), values (GAE) and the supervised rows (--env_sft_coef, --policy_sft_coef). Needs no
-        reward, so it
-        runs while the scorer works."""
+        reward, so it runs while the scorer works."""
         cfg = self.cfg
         r.pad(self.tok.eos_token_id, cfg.max_new_tokens, self.device, WIDTH_BUCKET if cfg.compile else 1)
         ref_logp, old_logp, old_values = [], [], []
@@ -284,10 +283,9 @@ class Trainer(Resumable):
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.model.train()
         totals = {}
-        batches = r.batches
         # the supervised rows go first: the last backward, which DDP syncs, is a GRPO one
         passes = [(mb, term) for term, (_, _, gold) in enumerate(supervised)
-                  for mb in gold.micro_batches(cfg.micro_batch_size, 1, self.device)] + [(mb, None) for mb in batches]
+                  for mb in gold.micro_batches(cfg.micro_batch_size, 1, self.device)] + [(mb, None) for mb in r.batches]
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for j, (mb, term) in enumerate(passes):
