@@ -324,6 +324,12 @@ MUTANTS = [
            "annotate.py", "records = build_mates(a.pool, a.seed, exclude=held_out_keys())",
            "records = build_mates(a.pool, a.seed)",
            ("mini/test_annotate.py::test_mate_pool_is_labelled_mates_and_held_out_free",)),
+    Mutant("parallel_parse_unordered", "a large data file parsed by worker processes comes back in another order",
+           "dataset.py", "pool.map(partial(parse_lines, parse), chunks)", "pool.map(partial(parse_lines, parse), chunks[::-1])",
+           ("mini/test_dataset.py::test_a_large_file_parsed_in_parallel_gives_what_one_process_gives",)),
+    Mutant("warmup_on_the_clock", "a time-limited sft.py run's warmup follows the clock, so a slow start skips it",
+           "sft.py", "if limit_s <= 0 or step < cfg.warmup_steps:", "if limit_s <= 0:",
+           ("mini/test_sft.py::test_time_limited_schedule_warms_up_on_real_steps",)),
 ]
 
 

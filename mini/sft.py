@@ -23,7 +23,7 @@ Each sequence is encode(prompt) + encode(completion) + [EOS], with no leading EO
 evaluate.py generate from encode(prompt) alone; the loss covers the completion tokens and the final
 EOS (the model must learn to stop), never the prompt. Rows are right-padded with an attention mask.
 The LR follows runtime.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
-one, so a time-limited run still ends on a decayed LR. logs/<run_name>/sft.log gets the log lines;
+one, so a time-limited run still ends on a decayed LR (the warmup counts real steps either way). logs/<run_name>/sft.log gets the log lines;
 logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
 """
 import dataclasses
@@ -85,6 +85,15 @@ class SFTBatches(torch.utils.data.IterableDataset):
             self.data.positions = iter_positions(seed)
         while True:
             yield encode_batch(self.data.batch(self.cfg.batch_size), self.tok, "cpu")
+
+
+def schedule_step(step, elapsed, limit_s, cfg):
+    """The step the LR schedule is at: after the warmup, whichever budget (--steps, or the time limit of limit_s
+    seconds) runs out first; the warmup itself counts real steps, so a slow start (data workers, compilation)
+    does not skip it and the first updates of a fast machine are not taken at the peak LR."""
+    if limit_s <= 0 or step < cfg.warmup_steps:
+        return step
+    return min(max(step, int(cfg.steps * elapsed / limit_s)), cfg.steps - 1)
 
 
 def detach_worker(_):
@@ -218,9 +227,7 @@ def train_sft(cfg, run):
                 if limit_s > 0 and elapsed > limit_s:
                     log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
                     break
-                # the schedule advances with whichever budget (steps or time) runs out first
-                progress = max(step, int(cfg.steps * elapsed / limit_s)) if limit_s > 0 else step
-                lr = cfg.lr * lr_factor(min(progress, cfg.steps - 1), cfg)
+                lr = cfg.lr * lr_factor(schedule_step(step, elapsed, limit_s, cfg), cfg)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 x, mask, y, loss_mask = (t.to(device, non_blocking=True) for t in next(loader))

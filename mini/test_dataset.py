@@ -120,6 +120,23 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
         load_jsonl(str(path), skip_bad_lines=False)
 
 
+def test_a_large_file_parsed_in_parallel_gives_what_one_process_gives(tmp_path, capsys, monkeypatch):
+    """Chunks parsed by worker processes come back in the file's order, with the same skipped lines and messages."""
+    path = tmp_path / "positions.jsonl"
+    with open(EVAL_PATH) as src:
+        lines = src.readlines()[:40]
+    lines[5:5] = ["junk\n", "\n", '{"fen": "8/8/8/8/8/8/8/8 w - - 0 1", "moves": ["e2e4"], "evals": [0.1]}\n']
+    path.write_bytes("".join(lines).encode() + b"\xff\n")
+    serial = [(s.prompt, s.completion) for s in load_jsonl(str(path))]
+    serial_err = capsys.readouterr().err
+    monkeypatch.setattr("mini.dataset.PARALLEL_MIN_LINES", 2)
+    monkeypatch.setattr("mini.dataset.os.cpu_count", lambda: 3)
+    assert [(s.prompt, s.completion) for s in load_jsonl(str(path))] == serial and len(serial) == 39
+    assert capsys.readouterr().err == serial_err and f"{path}:44: not UTF-8 text" in serial_err
+    with pytest.raises(ValueError, match=f"^{path}:6: "):
+        load_jsonl(str(path), skip_bad_lines=False)
+
+
 def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):
     wrong = f"A: {PINNED}+e2d3+e2d3+4k3/4r3/8/8/8/3B4/8/4K3 b - - 1 1+0.001+0+0"  # a pinned bishop moved
     path = tmp_path / "lines.txt"

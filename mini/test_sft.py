@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import mini.sft as sft
 from mini.flags import parse_args
-from mini.config import EVAL_PATH, POOL_PATH
+from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import load_jsonl
 from mini.chess_eval import load_mates
 from mini.formats import Sample, policy_sample, position_key
@@ -48,6 +48,17 @@ def test_loss_mask_covers_completion_and_final_eos(tok):
                                         [0, 0, 0, 0, 1, 1, 1, 1],
                                         [0, 1, 1, 0, 0, 0, 0, 0]]
     assert mask.int().tolist() == [[1] * 8, [1] * 8, [1, 1, 1, 1, 0, 0, 0, 0]]
+
+
+def test_time_limited_schedule_warms_up_on_real_steps():
+    """A run with a time limit: the warmup counts real steps even when the clock is far ahead (a slow first batch);
+    after it, the schedule follows whichever budget runs out first, and never passes the last step."""
+    cfg = Config(steps=1000, warmup_steps=100)
+    assert sft.schedule_step(10, elapsed=50.0, limit_s=100.0, cfg=cfg) == 10  # half the time gone, still warming up
+    assert sft.schedule_step(100, elapsed=50.0, limit_s=100.0, cfg=cfg) == 500  # then the clock rules
+    assert sft.schedule_step(700, elapsed=50.0, limit_s=100.0, cfg=cfg) == 700  # or the steps, if they are ahead
+    assert sft.schedule_step(200, elapsed=150.0, limit_s=100.0, cfg=cfg) == 999
+    assert sft.schedule_step(200, elapsed=150.0, limit_s=0.0, cfg=cfg) == 200  # no time limit: steps alone
 
 
 def test_loss_mask_on_real_lines(tok):
