@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, FIELDS, Config, at_least
+from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
 from mini.flags import Parser, Switch
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
@@ -252,6 +252,21 @@ def load_report(path, fields, script):
     return report
 
 
+def recorded_eval_set(path):
+    """The eval set a report names, here: its path, or, for a shipped set that another checkout recorded (a clone or
+    a worktree: .../mini/data/NAME, missing here), this checkout's file of that name (compare then checks that it
+    holds the reports' prompts and labels). ValueError when neither exists."""
+    if not path:  # the shipped eval set
+        return EVAL_PATH
+    head, name = os.path.split(path)
+    if not os.path.exists(path) and os.path.basename(head) == "data" and os.path.basename(os.path.dirname(head)) == "mini":
+        path = os.path.join(DATA_DIR, name)
+    if not os.path.exists(path):
+        raise ValueError(f"{path}, the eval set the reports were made on, does not exist here; restore it, or "
+                         "evaluate both models again")
+    return path
+
+
 def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
     was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
@@ -267,7 +282,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
         raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
                          f"{reports[1]['shaping']}; evaluate both with the same --shaping")
-    data = reports[0]["data"]
+    data = recorded_eval_set(reports[0]["data"])
     samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"], reports[0].get("pad", 90))
     stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(
         x.get("label", s.completion) != s.completion for r in reports for s, x in zip(samples, r["samples"]))

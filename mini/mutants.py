@@ -330,6 +330,9 @@ MUTANTS = [
     Mutant("warmup_on_the_clock", "a time-limited sft.py run's warmup follows the clock, so a slow start skips it",
            "sft.py", "if limit_s <= 0 or step < cfg.warmup_steps:", "if limit_s <= 0:",
            ("mini/test_sft.py::test_time_limited_schedule_warms_up_on_real_steps",)),
+    Mutant("clone_eval_set_missed", "--compare cannot read reports that another checkout made on a shipped eval set",
+           "evaluate.py", "path = os.path.join(DATA_DIR, name)", "pass",
+           ("mini/test_evaluate.py::test_compare_finds_a_shipped_set_recorded_by_another_checkout",)),
 ]
 
 

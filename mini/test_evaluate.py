@@ -293,6 +293,19 @@ def test_compare_refuses_a_changed_eval_set(tmp_path):
     assert ev.compare(*unlabelled)["eval_reward"][:3] == pytest.approx((-0.3, -0.3, 0.0))
 
 
+def test_compare_finds_a_shipped_set_recorded_by_another_checkout(tmp_path):
+    """A report made in a clone or worktree names that checkout's mini/data/eval.jsonl: compare reads this
+    checkout's (and still checks its prompts and labels); a set that exists nowhere is named in one sentence."""
+    samples = ev.held_out_samples(3)
+    elsewhere = str(tmp_path / "clone" / "mini" / "data" / "eval.jsonl")
+    before = write_report(tmp_path / "before.json", samples, ["garbage"] * 6, elsewhere)
+    after = write_report(tmp_path / "after.json", samples, [s.completion for s in samples])
+    assert ev.compare(before, after)["eval_P_best_acc_label"][:3] == (0.0, 1.0, 1.0)
+    gone = write_report(tmp_path / "gone.json", samples, ["garbage"] * 6, str(tmp_path / "clone" / "eval.jsonl"))
+    with pytest.raises(ValueError, match="eval.jsonl, the eval set the reports were made on, does not exist here"):
+        ev.compare(gone, after)
+
+
 def test_compare_refuses_other_shaping(tmp_path):
     """The same completions scored under --shaping continuous and graduated: eval_reward would be two functions."""
     samples = ev.held_out_samples(2)
