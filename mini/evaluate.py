@@ -283,7 +283,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
         raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
                          f"{reports[1]['shaping']}; evaluate both with the same --shaping")
     data = recorded_eval_set(reports[0]["data"])
-    samples = load_eval_set("" if data == EVAL_PATH else data, reports[0]["n_per_task"], reports[0].get("pad", 90))
+    samples = load_eval_set(data, reports[0]["n_per_task"], reports[0].get("pad", 90))
     stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(
         x.get("label", s.completion) != s.completion for r in reports for s, x in zip(samples, r["samples"]))
     if stale:  # the completions would be scored against other positions or labels

@@ -23,8 +23,9 @@ Each sequence is encode(prompt) + encode(completion) + [EOS], with no leading EO
 evaluate.py generate from encode(prompt) alone; the loss covers the completion tokens and the final
 EOS (the model must learn to stop), never the prompt. Rows are right-padded with an attention mask.
 The LR follows runtime.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
-one, so a time-limited run still ends on a decayed LR (the warmup counts real steps either way). logs/<run_name>/sft.log gets the log lines;
-logs/<run_name>/final the snapshot (also after the time limit or Ctrl-C).
+one, so a time-limited run still ends on a decayed LR (the warmup counts real steps either way).
+logs/<run_name>/sft.log gets the log lines; logs/<run_name>/final the snapshot (also after the time limit
+or Ctrl-C).
 """
 import dataclasses
 import json
