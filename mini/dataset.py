@@ -48,7 +48,9 @@ def parsed_lines(path, parse):
         return parse_lines(parse, numbered)
     size = -(-len(numbered) // (workers * 4))  # a few chunks per worker even out their speeds
     chunks = [numbered[k:k + size] for k in range(0, len(numbered), size)]
-    with multiprocessing.get_context("spawn" if sys.platform != "linux" else "fork").Pool(workers) as pool:
+    # never fork the caller: a lock that another of its threads held at the fork stays held in the child
+    # forever (a training run hung at start-up so); forkserver's children come from a fresh process
+    with multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn").Pool(workers) as pool:
         return [r for part in pool.map(partial(parse_lines, parse), chunks) for r in part]
 
 

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import re
+import threading
 from contextlib import closing
 
 import chess
@@ -14,7 +15,7 @@ import pytest
 
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
-                          load_text, make_source)
+                          load_text, make_source, parsed_lines)
 from mini.formats import env_completion, env_sample, legal_ucis, parse_line, policy_sample, position_key
 from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.stockfish import Annotator
@@ -135,6 +136,37 @@ def test_a_large_file_parsed_in_parallel_gives_what_one_process_gives(tmp_path, 
     assert capsys.readouterr().err == serial_err and f"{path}:44: not UTF-8 text" in serial_err
     with pytest.raises(ValueError, match=f"^{path}:6: "):
         load_jsonl(str(path), skip_bad_lines=False)
+
+
+PARSE_LOCK = threading.Lock()
+
+
+def parse_under_lock(line):
+    """A parser that takes a lock, as an import or the allocator does inside any parser."""
+    with PARSE_LOCK:
+        return line.strip()
+
+
+def test_parse_workers_are_not_forked_from_a_caller_whose_threads_hold_locks(tmp_path, monkeypatch):
+    """A forked worker inherits the locks the caller's other threads hold at that moment, held for ever: it
+    would wait on one and the load never end (a training run hung at start-up so)."""
+    path = tmp_path / "lines.txt"
+    path.write_text("a\nb\nc\n")
+    monkeypatch.setattr("mini.dataset.PARALLEL_MIN_LINES", 2)
+    monkeypatch.setattr("mini.dataset.os.cpu_count", lambda: 2)
+    held, release, result = threading.Event(), threading.Event(), []
+
+    def hold():
+        with PARSE_LOCK:
+            held.set()
+            release.wait()
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait()
+    load = threading.Thread(target=lambda: result.append(parsed_lines(str(path), parse_under_lock)), daemon=True)
+    load.start()
+    load.join(60)
+    release.set()
+    assert result == [[(1, "a", None), (2, "b", None), (3, "c", None)]], "the parse workers hung on a lock held at the fork"
 
 
 def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):
