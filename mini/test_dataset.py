@@ -5,8 +5,11 @@
 import collections
 import itertools
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import threading
 from contextlib import closing
 
@@ -167,6 +170,19 @@ def test_parse_workers_are_not_forked_from_a_caller_whose_threads_hold_locks(tmp
     load.join(60)
     release.set()
     assert result == [[(1, "a", None), (2, "b", None), (3, "c", None)]], "the parse workers hung on a lock held at the fork"
+
+
+def test_a_script_without_a_main_guard_loads_a_large_file_once(tmp_path):
+    """Workers that are not forked run the __main__ script again unless it is hidden from them: a script with
+    no `if __name__ == "__main__":` guard would load (and print) again in each of them, or stop with a traceback."""
+    (tmp_path / "lines.txt").write_text("a\nb\nc\n")
+    script = tmp_path / "unguarded.py"
+    script.write_text("import mini.dataset as d\nd.PARALLEL_MIN_LINES = 2\nd.os.cpu_count = lambda: 2\n"
+                      f"print('loaded', len(d.parsed_lines({str(tmp_path / 'lines.txt')!r}, str.strip)))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "loaded 3\n", "")
 
 
 def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):
