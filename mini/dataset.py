@@ -182,12 +182,13 @@ class ReplayBuffer:
         self.capacity, self.items, self.rng = capacity, OrderedDict(), random.Random(seed)
         self.held_out = held_out_keys()  # its positions become A: prompts
 
-    def add(self, fen, history=()):
+    def add(self, fen, history=(), board=None):
+        """board: the position's board when the caller has it (a data worker's time goes to parsing FENs)."""
         try:
-            board = chess.Board(fen)
+            board = chess.Board(fen) if board is None else board
         except ValueError:
             return
-        key = position_key(fen)
+        key = " ".join(board.fen().split()[:4])  # position_key, from this board
         if key in self.items or key in self.held_out or not board.is_valid() or board.is_game_over():
             return
         self.items[key] = (fen, list(history)[-9:])
@@ -203,7 +204,7 @@ class ReplayBuffer:
         else:
             board = chess.Board(sample.fen)
             board.push_uci(sample.best)
-            self.add(board.fen(), sample.history + [sample.best])
+            self.add(board.fen(), sample.history + [sample.best], board)
 
     def sample(self, n):
         return self.rng.sample(list(self.items.values()), min(n, len(self.items)))
