@@ -15,8 +15,8 @@ from functools import lru_cache, partial
 import chess
 
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
-from mini.formats import (PAD_WIDTHS, ImpossiblePosition, check_policy, checked_board, env_sample, legal_ucis,
-                          parse_line, policy_sample, position_key, repad)
+from mini.formats import (PAD_WIDTHS, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
+                          legal_ucis, parse_line, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
 from mini.stockfish import Annotator
 
@@ -154,7 +154,7 @@ def record_keys(fen, move=None):
     if move in legal_ucis(fen):
         board = chess.Board(fen)
         board.push_uci(move)
-        keys.add(position_key(board.fen()))
+        keys.add(board_key(board))
     return keys
 
 
@@ -188,7 +188,7 @@ class ReplayBuffer:
             board = chess.Board(fen) if board is None else board
         except ValueError:
             return
-        key = " ".join(board.fen().split()[:4])  # position_key, from this board
+        key = board_key(board)
         if key in self.items or key in self.held_out or not board.is_valid() or board.is_game_over():
             return
         self.items[key] = (fen, list(history)[-9:])

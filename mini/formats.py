@@ -266,7 +266,12 @@ def position_key(fen):
     """Placement, side, castling, en passant as python-chess writes them (the en passant square only where a
     capture there is legal, castling rights only with their rooks home), so the same position written another
     way or with other move counters is a duplicate. Raises ValueError on a FEN python-chess does not accept."""
-    return " ".join(chess.Board(fen).fen().split()[:4])
+    return board_key(chess.Board(fen))
+
+
+def board_key(board):
+    """position_key of a board already built."""
+    return " ".join(board.fen().split()[:4])
 
 
 # ----------------------------------------------------------------------------- training sources
