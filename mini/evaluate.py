@@ -306,7 +306,7 @@ def main(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=cfg.max_new_tokens)
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE)
     p.add_argument("--device", default=cfg.device, help="cuda, cpu or auto")
-    p.add_argument("--shaping", default=cfg.reward_shaping, choices=["continuous", "graduated"],
+    p.add_argument("--shaping", default=cfg.reward_shaping, choices=FIELDS["reward_shaping"].metadata["choices"],
                    help=FIELDS["reward_shaping"].metadata["help"])
     p.add_argument("--compile_decode", action=Switch, default=False, help="compiled static-shape decode (CUDA graphs on CUDA)")
     p.add_argument("--engine_quality", action=Switch, default=False, help="P: move quality by Stockfish (see the docstring)")

@@ -4,7 +4,9 @@ Verifiable rewards for RookWorld completions: Stockfish labels for P:, python-ch
 A completion that does not parse scores -0.3; one that parses scores 0.2 + 0.8 * raw, raw in [0, 1] a
 weighted sum of named components (P: best move by rank, candidates, evals; A: next FEN exact and similar,
 reward, terminated, truncated). p_reward="engine" scores the best move on Lichess's win-probability scale
-with Stockfish judging moves outside the labels (move_quality); shaping="graduated" floors raw to quarters.
+with Stockfish judging moves outside the labels (move_quality); shaping="graduated" floors raw to quarters;
+shaping="strict" scores a P: answer whose best move cannot be played as an unparseable one (-0.3), where
+the continuous reward gives it up to 0.6 for its candidates and evals.
 The full specification, with its weights and a table of engine scores, is in the README.
 """
 import math
@@ -96,6 +98,8 @@ def score(sample, completion, shaping="continuous", best=None):
     if policy and best is not None:
         comps["best"] = best
     raw = sum(w * comps[k] for k, w in weights.items()) / sum(weights.values())
+    if shaping == "strict" and policy and not comps["best_legal"]:
+        return INVALID, {"format_valid": 1.0, **comps, "raw": raw}
     reward = GRADUATED[int(raw * 4 + 1e-9)] if shaping == "graduated" else 0.2 + 0.8 * raw  # floor: 1.0 = perfect
     return reward, {"format_valid": 1.0, **comps, "raw": raw}
 

@@ -12,7 +12,7 @@ LEVELS = {-0.3, 0.2, 0.4, 0.6, 0.8, 1.0}
 @pytest.mark.parametrize("line", P_LINES + A_LINES)
 def test_own_completion_scores_one(line):
     s = parse_line(line)
-    for shaping in ("continuous", "graduated"):
+    for shaping in ("continuous", "graduated", "strict"):
         reward, comps = score(s, s.completion, shaping)
         assert reward == 1.0 and comps["format_valid"] == 1.0 and comps["raw"] == 1.0
 
@@ -100,6 +100,20 @@ def test_graduated_levels_and_components():
     assert score(p, p.completion.replace("B: b3b5", "B: b3b7"), "graduated")[0] == 0.8
 
 
+def test_strict_scores_an_illegal_best_move_as_unparseable():
+    s, a = parse_line(P_LINES[0]), parse_line(A_LINES[0])  # P: top 5 b3b5 b3b7 b3b4 b3f3 b3b1, white to move
+    illegal_best = s.completion.replace("B: b3b5", "B: b3a3")  # onto its own pawn, the rest exact
+    legal_only = s.completion.replace("B: b3b5", "B: d2e3")    # legal, not in the top 5
+    # continuous: raw = (5 * 0 + 3 * 1 + 2 * 1) / 10 = 0.5 -> 0.2 + 0.8 * 0.5 = 0.6; strict: -0.3, parsed
+    assert score(s, illegal_best)[0] == pytest.approx(0.6)
+    reward, comps = score(s, illegal_best, "strict")
+    assert reward == -0.3 and comps == score(s, illegal_best)[1]
+    # legal answers and the arbiter's keep the continuous reward: raw = (5 * 0.05 + 5) / 10 = 0.525 -> 0.62
+    for sample, text in [(s, legal_only), (s, s.completion), (a, a.completion), (a, a.completion[:-3]), (s, "junk")]:
+        assert score(sample, text, "strict") == score(sample, text)
+    assert score(s, legal_only, "strict")[0] == pytest.approx(0.62)
+
+
 @pytest.mark.parametrize("workers", [0, 3])
 def test_scoring_pool_equals_score_batch(workers):
     samples = [parse_line(x) for x in P_LINES + A_LINES] * 4
@@ -118,7 +132,7 @@ PIECES = ["M:", "E:", "B:", "+", " ", "  ", "b3b5", "b3b7", "a1a1", "e7e8q", "0.
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(PIECES), max_size=20).map("".join)),
-       st.sampled_from(["continuous", "graduated"]))
+       st.sampled_from(["continuous", "graduated", "strict"]))
 def test_any_string_scores_in_range(text, shaping):
     for s in (parse_line(P_LINES[0]), parse_line(A_LINES[0])):
         reward, comps = score(s, text, shaping)
