@@ -9,7 +9,6 @@ import os
 import random
 import sys
 from collections import OrderedDict, deque
-from contextlib import contextmanager
 from functools import lru_cache, partial
 
 import chess
@@ -50,26 +49,11 @@ def parsed_lines(path, parse):
     size = -(-len(numbered) // (workers * 4))  # a few chunks per worker even out their speeds
     chunks = [numbered[k:k + size] for k in range(0, len(numbered), size)]
     # never fork the caller: a lock that another of its threads held at the fork stays held in the child
-    # forever (a training run hung at start-up so); forkserver's children come from a fresh process
+    # forever (a training run hung at start-up so); forkserver's children come from a fresh process.
+    from mini.runtime import caller_script_hidden  # here: the workers import this module, and need no torch
     with caller_script_hidden(), \
             multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn").Pool(workers) as pool:
         return [r for part in pool.map(partial(parse_lines, parse), chunks) for r in part]
-
-
-@contextmanager
-def caller_script_hidden():
-    """Hide the __main__ script from multiprocessing, which runs it again in every worker it does not fork: a
-    script without an `if __name__ == "__main__":` guard would load its data again there, and so on. The
-    parse workers need only the parser, which must then live in a module (as mini's do), not in the script."""
-    main = sys.modules["__main__"]
-    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
-    main.__spec__ = None  # multiprocessing reads __spec__.name, then __file__
-    main.__dict__.pop("__file__", None)
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 def read_records(path, parse, skip_bad_lines=True):

@@ -281,9 +281,11 @@ class ScoringPool:
             done = [score_chunk(samples, completions, self.shaping, self.engine)]
             collect = lambda: done
         else:
+            from mini.runtime import caller_script_hidden  # here: the workers import this module, and need no torch
             bounds = group_chunks(samples, self.workers) + [len(samples)]
-            futures = [self.pool.submit(score_chunk, samples[a:b], completions[a:b], self.shaping, self.engine)
-                       for a, b in zip(bounds, bounds[1:])]
+            with caller_script_hidden():  # submit spawns the workers, which would run an unguarded script again
+                futures = [self.pool.submit(score_chunk, samples[a:b], completions[a:b], self.shaping, self.engine)
+                           for a, b in zip(bounds, bounds[1:])]
             collect = lambda: [f.result() for f in futures]
 
         def wait():

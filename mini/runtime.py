@@ -1,12 +1,14 @@
 """
 The run-time plumbing that every script shares: device, bf16 autocast, the LR schedule, seeding, the
-random-number state that checkpoints carry, and the seconds of a step's phases.
+random-number state that checkpoints carry, the seconds of a step's phases, and worker processes started
+without the caller's script.
 """
 import contextlib
 import math
 import os
 import random
 import resource
+import sys
 import time
 
 import numpy as np
@@ -24,6 +26,22 @@ def score_workers(cfg, device, world=1):
     if cfg.score_workers >= 0:
         return cfg.score_workers
     return max(0, min(4, (os.cpu_count() or 1) // world - 1)) if device.type == "cuda" else 0
+
+
+@contextlib.contextmanager
+def caller_script_hidden():
+    """Hide the __main__ script from multiprocessing, which runs it again in every worker it does not fork: a
+    script without an `if __name__ == "__main__":` guard would load its data again there, and so on. The
+    workers (dataset.parsed_lines', ScoringPool's) need only functions that live in mini's modules."""
+    main = sys.modules["__main__"]
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    main.__spec__ = None  # multiprocessing reads __spec__.name, then __file__
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def autocast_dtype(device, cfg):
