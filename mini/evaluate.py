@@ -77,7 +77,9 @@ def policy_values(s, completion):
            ("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)]
     kind = illegal_kind(s.fen, best) if best is not None and best not in legal else None  # a legal move has none
     out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
-    out.append((f"best_legal_{phase(chess.Board(s.fen))}", best in legal))
+    board = chess.Board(s.fen)
+    out.append((f"best_legal_{phase(board)}", best in legal))
+    out.append(("best_legal_in_check" if board.is_check() else "best_legal_not_in_check", best in legal))
     if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
         out.append(("best_acc_pv1_legal", best == pv1))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):

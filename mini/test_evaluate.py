@@ -54,6 +54,7 @@ def test_labels_score_full_marks(held_out, monkeypatch):
               if side != "_legal" or w == "pv1"}
     # breakdowns by the positions' phases and the A: histories' lengths that these 6 + 6 samples have
     names |= {f"eval_P_best_legal_{phase(chess.Board(s.fen))}" for s in held_out if s.task == "P"}
+    names |= {f"eval_P_best_legal_{'' if chess.Board(s.fen).is_check() else 'not_'}in_check" for s in held_out if s.task == "P"}
     names |= {f"eval_A_next_state_exact_h{history_bucket(len(s.history))}" for s in held_out if s.task == "A"}
     names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
                                       "terminated_acc", "truncated_acc")}
@@ -63,7 +64,7 @@ def test_labels_score_full_marks(held_out, monkeypatch):
 
 
 def test_breakdowns_by_phase_history_and_legal_answers():
-    """Hand-computed: P: best_legal per phase, PV1 accuracy and centipawn loss over legal answers only; A: exact
+    """Hand-computed: P: best_legal per phase and in check or not, PV1 accuracy and centipawn loss over legal answers only; A: exact
     next state per history bucket (1-2, 3-5, 6-10 half-moves, the move included)."""
     opening = policy_sample("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", ["e7e5", "c7c5"], [0.2, 0.3])
     endgame = policy_sample("8/8/4k3/8/8/4K3/4P3/8 w - - 0 60", ["e3d4", "e2e4"], [1.5, 0.9])
@@ -76,6 +77,11 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     v = ev.per_sample_values([opening, endgame, short, cut, wrong], completions)
     assert v["eval_P_best_legal_opening"] == [1.0] and v["eval_P_best_legal_endgame"] == [0.0]
     assert "eval_P_best_legal_middlegame" not in v
+    assert v["eval_P_best_legal_not_in_check"] == [1.0, 0.0] and "eval_P_best_legal_in_check" not in v
+    # in check from the bishop on b4: the pawn takes on e5 as if it were not (illegal), the c-pawn blocks
+    check = policy_sample("rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4", ["c2c3"], [0.07])
+    in_check = ev.per_sample_values([check, check], [" M: d4e5 E: 0.1 B: d4e5", " M: c2c3 E: 0.1 B: c2c3"])
+    assert in_check["eval_P_best_legal_in_check"] == [0.0, 1.0] and "eval_P_best_legal_not_in_check" not in in_check
     assert v["eval_P_best_acc_pv1_legal"] == [0.0]  # one legal answer, not PV1; the illegal one is not counted
     assert v["eval_A_next_state_exact_h1-2"] == [1.0, 0.0] and v["eval_A_next_state_exact_h3-5"] == [1.0]
     assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]
