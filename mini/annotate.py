@@ -183,8 +183,8 @@ def build_mate_pool(a):
 
 
 def describe(path):
-    """The distributions of a data file, as lines: move number, pieces on the board and phase of its P:
-    positions; history length of its A: transitions (the move included)."""
+    """The distributions of a data file, as lines: move number, pieces on the board, phase and the share in
+    check of its P: positions; history length of its A: transitions (the move included)."""
     samples = load_jsonl(path)
     boards = [chess.Board(s.fen) for s in samples if s.task == "P"]
     lines = [f"{path}: {len(boards)} P: positions, {len(samples) - len(boards)} A: transitions"]
@@ -196,6 +196,7 @@ def describe(path):
         phases = Counter(phase(b) for b in boards)
         lines.append("  phase        " + ", ".join(f"{k} {100 * phases[k] / len(boards):.0f}%"
                                                     for k in ("opening", "middlegame", "endgame")))
+        lines.append(f"  in check     {100 * sum(b.is_check() for b in boards) / len(boards):.1f}%")
     env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
     if env:
         lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(

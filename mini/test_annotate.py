@@ -199,3 +199,23 @@ def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeyp
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
+    """Hand-computed over 4 P: positions (move numbers 1, 4, 18, 60; pieces 32, 32, 26, 3; one in check) and 4 A:
+    transitions with histories of 2, 3, 5 and 6 half-moves (the buckets' edges); percentiles interpolate linearly (numpy's default)."""
+    fens = [chess.STARTING_FEN, "rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4",  # a bishop checks
+            "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18", "8/8/4k3/8/8/4K3/4P3/8 w - - 0 60"]
+    lines = [{"fen": f, "moves": [m], "evals": [0.0], "history": []}
+             for f, m in zip(fens, ["e2e4", "c2c3", "d8e8", "e3d4"])]
+    cycle = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3  # a history ends with its own move
+    lines += [{"fen": chess.STARTING_FEN, "move": "g1f3", "history": cycle[:n - 1] + ["g1f3"]} for n in (2, 3, 5, 6)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert annotate.describe(str(path)) == [
+        f"{path}: 4 P: positions, 4 A: transitions",
+        "  move number  p10 / p50 / p90: 2 / 11 / 47",   # 1 + 0.3 * 3 = 1.9; (4 + 18) / 2; 18 + 0.7 * 42 = 47.4
+        "  pieces       p10 / p50 / p90: 10 / 29 / 32",  # 3 + 0.3 * 23 = 9.9; (26 + 32) / 2; 32
+        "  phase        opening 50%, middlegame 25%, endgame 25%",
+        "  in check     25.0%",
+        "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
