@@ -334,9 +334,10 @@ def main(argv=None):
             rows = compare(*args.compare, engine=engine)
         except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {e}")
-        print(f"{'metric':28s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
+        w = max(map(len, rows), default=6)  # the names' column as wide as the longest
+        print(f"{'metric':{w}s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
-            print(f"{k:28s} {b0:8.4f} {a0:8.4f} {d:+8.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>20s} {n:5d}")
+            print(f"{k:{w}s} {b0:8.4f} {a0:8.4f} {d:+8.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>20s} {n:5d}")
         if args.plot:
             compare_bars(rows, args.plot, title=f"{args.compare[0]} -> {args.compare[1]}")
             print(f"wrote {args.plot}")

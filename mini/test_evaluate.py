@@ -390,14 +390,28 @@ def test_paired_bootstrap_pairs_prompts_and_shares_draws():
 
 
 
-def test_compare_plot(tmp_path, capsys):
-    pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+def garbage_then_labels(tmp_path):
+    """Two reports on 3 + 3 shipped held-out prompts: every completion garbage, then every one the label."""
     samples, paths = ev.held_out_samples(3), []
     for name, completions in (("before", ["garbage"] * len(samples)), ("after", [s.completion for s in samples])):
         rows = [{"task": s.task, "prompt": s.prompt, "completion": c} for s, c in zip(samples, completions)]
         (tmp_path / name).write_text(json.dumps({"data": EVAL_PATH, "n_per_task": 3, "shaping": "continuous",
                                                  "samples": rows}))
         paths.append(str(tmp_path / name))
+    return paths
+
+
+def test_compare_table_lines_up_whatever_the_names(tmp_path, capsys):
+    ev.main(["--compare", *garbage_then_labels(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines[1:]]
+    assert "eval_P_best_legal_not_in_check" in names or "eval_P_best_legal_in_check" in names
+    assert len({len(line) for line in lines}) == 1  # every row as long as the header: no name pushes its numbers
+
+
+def test_compare_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+    paths = garbage_then_labels(tmp_path)
     ev.main(["--compare", *paths, "--plot", str(tmp_path / "plots" / "compare.png")])
     assert (tmp_path / "plots" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().out
