@@ -88,7 +88,8 @@ class Config:
     annotate_workers: int = opt(2, "Stockfish processes labelling positions in the background (--data_source "
                                 "generate, selfplay)", check=at_least(1), scripts=BOTH)
     reward_shaping: str = opt("continuous", "keep the raw reward, quantise it to 0.2 steps, or keep it but score a P: "
-                              "answer whose best move is illegal as unparseable (-0.3)", ["continuous", "graduated", "strict"])
+                              "answer whose best move is illegal as unparseable (-0.3)",
+                              ["continuous", "graduated", "strict"])
     score_workers: int = opt(-1, "processes that score a rollout while the GPU computes reference log-probs (0: "
                              "inline; -1: on CUDA one per spare core, up to 4, else inline)", check=at_least(-1))
     p_reward: str = opt("labels", "best move of a P: completion: by its rank in the labels' top 5, or by its win "

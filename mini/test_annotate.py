@@ -196,14 +196,10 @@ def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeyp
         assert board.is_checkmate() and s.evals[s.moves.index(s.best)] == 999.99
 
 
-if __name__ == "__main__":
-    import sys
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
     """Hand-computed over 4 P: positions (move numbers 1, 4, 18, 60; pieces 32, 32, 26, 3; one in check) and 4 A:
-    transitions with histories of 2, 3, 5 and 6 half-moves (the buckets' edges); percentiles interpolate linearly (numpy's default)."""
+    transitions with histories of 2, 3, 5 and 6 half-moves (the buckets' edges); percentiles interpolate
+    linearly (numpy's default)."""
     fens = [chess.STARTING_FEN, "rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4",  # a bishop checks
             "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18", "8/8/4k3/8/8/4K3/4P3/8 w - - 0 60"]
     lines = [{"fen": f, "moves": [m], "evals": [0.0], "history": []}
@@ -219,3 +215,8 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
         "  phase        opening 50%, middlegame 25%, endgame 25%",
         "  in check     25.0%",
         "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))

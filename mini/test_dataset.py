@@ -176,13 +176,18 @@ def test_a_script_without_a_main_guard_loads_a_large_file_once(tmp_path):
     """Workers that are not forked run the __main__ script again unless it is hidden from them: a script with
     no `if __name__ == "__main__":` guard would load (and print) again in each of them, or stop with a traceback."""
     (tmp_path / "lines.txt").write_text("a\nb\nc\n")
-    script = tmp_path / "unguarded.py"
-    script.write_text("import mini.dataset as d\nd.PARALLEL_MIN_LINES = 2\nd.os.cpu_count = lambda: 2\n"
+    done = run_script(tmp_path, "import mini.dataset as d\nd.PARALLEL_MIN_LINES = 2\nd.os.cpu_count = lambda: 2\n"
                       f"print('loaded', len(d.parsed_lines({str(tmp_path / 'lines.txt')!r}, str.strip)))\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": root})
     assert (done.returncode, done.stdout, done.stderr) == (0, "loaded 3\n", "")
+
+
+def run_script(tmp_path, text):
+    """Run `text` as a script of its own (python FILE, no main guard) with mini importable; its result."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(text)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": root})
 
 
 def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):

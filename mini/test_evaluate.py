@@ -54,7 +54,8 @@ def test_labels_score_full_marks(held_out, monkeypatch):
               if side != "_legal" or w == "pv1"}
     # breakdowns by the positions' phases and the A: histories' lengths that these 6 + 6 samples have
     names |= {f"eval_P_best_legal_{phase(chess.Board(s.fen))}" for s in held_out if s.task == "P"}
-    names |= {f"eval_P_best_legal_{'' if chess.Board(s.fen).is_check() else 'not_'}in_check" for s in held_out if s.task == "P"}
+    names |= {f"eval_P_best_legal_{'' if chess.Board(s.fen).is_check() else 'not_'}in_check"
+              for s in held_out if s.task == "P"}
     names |= {f"eval_A_next_state_exact_h{history_bucket(len(s.history))}" for s in held_out if s.task == "A"}
     names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
                                       "terminated_acc", "truncated_acc")}
@@ -64,8 +65,8 @@ def test_labels_score_full_marks(held_out, monkeypatch):
 
 
 def test_breakdowns_by_phase_history_and_legal_answers():
-    """Hand-computed: P: best_legal per phase and in check or not, PV1 accuracy and centipawn loss over legal answers only; A: exact
-    next state per history bucket (1-2, 3-5, 6-10 half-moves, the move included)."""
+    """Hand-computed: P: best_legal per phase and in check or not, PV1 accuracy and centipawn loss over legal
+    answers only; A: exact next state per history bucket (1-2, 3-5, 6-10 half-moves, the move included)."""
     opening = policy_sample("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", ["e7e5", "c7c5"], [0.2, 0.3])
     endgame = policy_sample("8/8/4k3/8/8/4K3/4P3/8 w - - 0 60", ["e3d4", "e2e4"], [1.5, 0.9])
     # opening: legal but not PV1 (c7c5 is PV1 at 0.3); endgame: illegal (no piece on a1)

@@ -1,13 +1,10 @@
 """Rewards: a line's own completion scores 1.0, alterations score lower in the expected order, nothing raises."""
-import os
-import subprocess
-import sys
-
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from mini.formats import parse_line, policy_sample
 from mini.reward_scorer import ScoringPool, score, score_batch
+from mini.test_dataset import run_script
 from mini.test_formats import A_LINES, P_LINES
 
 LEVELS = {-0.3, 0.2, 0.4, 0.6, 0.8, 1.0}
@@ -132,13 +129,9 @@ def test_scoring_pool_equals_score_batch(workers):
 def test_a_script_without_a_main_guard_scores_in_workers_once(tmp_path):
     """The scoring workers are spawned, and a spawned worker runs the __main__ script again unless it is
     hidden: a script with no `if __name__ == "__main__":` guard would start a pool of its own there and fail."""
-    script = tmp_path / "unguarded.py"
-    script.write_text("from mini.formats import parse_line\nfrom mini.reward_scorer import ScoringPool\n"
+    done = run_script(tmp_path, "from mini.formats import parse_line\nfrom mini.reward_scorer import ScoringPool\n"
                       f"s = parse_line({P_LINES[0]!r})\npool = ScoringPool(2)\n"
                       "print('scored', [r for r, _ in pool.submit([s] * 4, [s.completion] * 4)()])\npool.close()\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": root})
     assert (done.returncode, done.stdout, done.stderr) == (0, "scored [1.0, 1.0, 1.0, 1.0]\n", "")
 
 
