@@ -303,6 +303,11 @@ MUTANTS = [
     Mutant("scoring_workers_rerun_script", "spawned scoring workers run an unguarded caller script again",
            "reward_scorer.py", "with caller_script_hidden():  # submit spawns", "if True:  # submit spawns",
            ("mini/test_reward_scorer.py",)),
+    Mutant("scoring_workers_in_callers_group", "a SIGTERM to the trainer's process group (`timeout`) kills the "
+           "scoring workers its last step needs", "reward_scorer.py", ', initializer=os.setpgrp)', ')',
+           ("mini/test_reward_scorer.py::test_scoring_pool_equals_score_batch",)),
+    Mutant("engine_in_callers_group", "a SIGTERM to the caller's process group kills its Stockfish engines",
+           "stockfish.py", ", setpgrp=True)", ")", ("mini/test_engine_reward.py::test_dead_engine_is_restarted",)),
     Mutant("in_check_by_phase", "the in-check breakdown splits on the phase instead of on check",
            "evaluate.py", 'if board.is_check() else "best_legal_not_in_check"',
            'if phase(board) == "endgame" else "best_legal_not_in_check"', ("mini/test_evaluate.py",)),

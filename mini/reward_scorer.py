@@ -274,7 +274,9 @@ class ScoringPool:
         if workers > 0:  # spawn: forking a process that holds CUDA state is unsafe
             from concurrent.futures import ProcessPoolExecutor
             from multiprocessing import get_context
-            self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+            # each worker leaves the caller's process group: a SIGTERM or Ctrl-C sent to the group (`timeout`, a
+            # terminal) must reach the trainer alone, which finishes its step on this pool, saves and closes it
+            self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=os.setpgrp)
 
     def submit(self, samples, completions):
         if self.pool is None:

@@ -50,7 +50,9 @@ class DeadlineEngine(chess.engine.SimpleEngine):
 def open_engine(path, deadline):
     """A started DeadlineEngine: HANDSHAKE_S (or the deadline, if longer) for its handshake, then `deadline` for
     every call."""
-    engine = DeadlineEngine.popen_uci(path, timeout=max(deadline, HANDSHAKE_S))
+    # in a process group of its own: a SIGTERM or Ctrl-C sent to the caller's group leaves the engine to the caller,
+    # which may still need it to finish a step; it quits when its owner closes it or dies (end of its input)
+    engine = DeadlineEngine.popen_uci(path, timeout=max(deadline, HANDSHAKE_S), setpgrp=True)
     engine.timeout = deadline
     return engine
 

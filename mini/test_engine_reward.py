@@ -208,6 +208,7 @@ def test_dead_engine_is_restarted():
     ann.evals_after([(EQUAL.fen, "b1c3")])
     rejected = ann.stats["rejected"]
     victim = ann.idle.queue[0] or ann.idle.queue[-1]
+    assert os.getpgid(victim.transport.get_pid()) != os.getpgrp()  # a SIGTERM to the caller's group spares it
     os.kill(victim.transport.get_pid(), signal.SIGKILL)
     for m in ("a2a3", "h2h3", "b2b3"):  # every engine of the pool gets a turn
         score_chunk([EQUAL], [answer(EQUAL, m)], engine=spec)

@@ -1,4 +1,6 @@
 """Rewards: a line's own completion scores 1.0, alterations score lower in the expected order, nothing raises."""
+import os
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -122,6 +124,8 @@ def test_scoring_pool_equals_score_batch(workers):
     pool = ScoringPool(workers, "graduated")
     try:
         assert pool.submit(samples, completions)() == score_batch(samples, completions, "graduated")
+        # a SIGTERM to the trainer's process group (`timeout`) must not kill the workers the step still needs
+        assert all(os.getpgid(pid) != os.getpgrp() for pid in (pool.pool._processes if workers else ()))
     finally:
         pool.close()
 
