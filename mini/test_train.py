@@ -11,6 +11,7 @@ mini/test_reference_step.py checks one update against a naive reference.
     python mini/test_train.py
 """
 import concurrent.futures
+import functools
 import io
 import json
 import math
@@ -74,14 +75,17 @@ def scripted_score(sample, completion, *args, **kwargs):
     return scripted_reward(completion), REAL_SCORE(sample, completion, *args, **kwargs)[1]
 
 
-def use_scripted_score():
-    """Initializer of ScoringPool's worker processes: they score with scripted_score too."""
+def use_scripted_score(then=None):
+    """Initializer of ScoringPool's worker processes: they score with scripted_score too, after ScoringPool's own
+    initializer `then`."""
+    if then is not None:
+        then()
     reward_scorer.score = scripted_score
 
 
 class ScriptedExecutor(concurrent.futures.ProcessPoolExecutor):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, initializer=use_scripted_score, **kwargs)
+    def __init__(self, *args, initializer=None, **kwargs):
+        super().__init__(*args, initializer=functools.partial(use_scripted_score, initializer), **kwargs)
 
 
 def install_scripted_reward(mp):
