@@ -120,7 +120,9 @@ def test_shipped_model_loads_here_and_in_transformers(shipped):
     ids = torch.tensor([tok.encode("P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 ")])
     transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
     hf = transformers.GPT2LMHeadModel.from_pretrained(shipped, torch_dtype=torch.float32).eval()
-    assert (hf(ids).logits - ours(ids)).abs().max() <= 1e-4
+    # 16 fp32 layers with logits up to ~20: each implementation lies ~1e-4 from the float64 result (transformers
+    # 5.24's SDPA 5e-5, ours 1.2e-4), so they may differ by that much; a fault in loading moves logits by O(1)
+    assert (hf(ids).logits - ours(ids)).abs().max() <= 1e-3
 
 
 if __name__ == "__main__":
