@@ -222,7 +222,7 @@ def versus_transformers(out, tr, a, cfg, device):
     out["rollout_vs_hf"] = out["rollout_tok_s"] / out["hf_rollout_tok_s"]
     print(f"transformers {version} generate alone ({cache} cache): {n / hf_s:.1f} completions/s; our whole GRPO "
           f"step is {out['completions_s'] / out['hf_completions_s']:.2f}x its generation alone, our rollout "
-          f"{out['rollout_vs_hf']:.2f}x faster")
+          f"{out['rollout_vs_hf']:.2f}x its speed")
 
 
 def versus_trl(out, snapshot, a, cfg, device, workdir):
