@@ -1,11 +1,26 @@
 """Ctrl-C and SIGTERM stop the test suite, also when they land in a run under test: a run takes the signal
-over to finish its step and save (mini/runs.py), so after that test the signal is given its usual effect."""
+over to finish its step and save (mini/runs.py), so after that test the signal is given its usual effect.
+
+Under `pytest -n N` (pytest-xdist, the README's command) each worker, and every process a test starts, gets its
+share of the cores: N workers of torch's default thread count each would fight over the same cores. And the
+files with a test marked `long` are handed out first, so that the other workers share out the rest meanwhile
+instead of one worker finishing a long test alone at the end."""
 import os
 import signal
 
 import pytest
+import torch
 
 from mini import runs
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_collection_modifyitems(items):
+    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in long_files)  # stable, and a file's tests stay together
 
 
 @pytest.fixture(autouse=True)

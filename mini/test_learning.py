@@ -5,6 +5,8 @@ must lie above 0. ~6 minutes on 2 cores; RESULTS.md has the figures of this conf
 
     python -m pytest -q mini/test_learning.py
 """
+import pytest
+
 import mini.train as train
 from mini.config import CI_MODEL
 from mini.evaluate import complete, held_out_samples, paired_bootstrap, per_sample_values
@@ -21,6 +23,7 @@ def held_out_values(model_dir, samples):
     return per_sample_values(samples, complete(model, tok, samples))
 
 
+@pytest.mark.long
 def test_grpo_makes_the_shipped_models_moves_legal(tmp_path):
     samples = held_out_samples(N_HELD_OUT)[:N_HELD_OUT]  # the P: half
     before = held_out_values(CI_MODEL, samples)
