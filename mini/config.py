@@ -165,8 +165,8 @@ class Config:
                                "output weight, chunk by chunk, the logits recomputed in backward: the (N, T, vocab) "
                                "logits never whole in memory (peak 1.14 against 1.87 GB on the CPU bench), but one "
                                "more matmul (1.5x the output layer's CPU time); off: the logits materialised")
-    shared_prefix_decode: bool = opt(True, "decode attention reads each group's prompt keys and values once, merged "
-                                     "with each row's own completion by log-sum-exp, and the completion columns only "
+    shared_prefix_decode: bool = opt(True, "decode attention reads each group's prompt keys and values once, in one "
+                                     "masked attention with its rows' completions, and the completion columns only "
                                      "as far as written (off: a copy of the prompt per row, every column read)")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")

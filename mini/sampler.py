@@ -1,6 +1,6 @@
 """
 Batched sampling for GRPO rollouts and evaluation: preallocated KV caches (one copy of the prompt per row,
-or each group's prompt once beside each row's completion), the one left-padding helper, an exact
+or each group's prompt once with its rows' completions after it), the one left-padding helper, an exact
 one-uniform-per-row sampler, a static-shape decode step, and `generate`.
 
     out = generate(model, [prompt_ids] * 8, max_new_tokens=96, temperature=1.0)  # [(ids, logprobs)] * 8
@@ -28,6 +28,10 @@ class KVCache:
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # (N, T_max)
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,)
         self.col = torch.zeros((), dtype=torch.long, device=device)  # the next column written
+
+    @property
+    def rows(self):
+        return self.n_real.shape[0]
 
     def load(self, src, rows):
         """Start from the prefilled cache src: row i is src's row rows[i] (rows that share a prompt)."""
@@ -65,106 +69,106 @@ class KVCache:
 
 
 class SharedPrefixCache:
-    """The decode cache of rows that share prompts (a GRPO group: K rows of one prompt). Each distinct prompt's
-    keys and values are stored once, in `prefix` (a KVCache of U prompts, prefilled), and each row's completion
-    keys and values apart: k[layer], v[layer] (N, nh, T_new, hs). A decode token attends over its prompt's
-    columns and its completion's columns so far as two partial softmaxes merged with log-sum-exp arithmetic
-    (Hydragen, Juravsky et al. 2024; FlashInfer's cascade attention): a token reads each prompt once per group
-    instead of once per row, and the completion columns only up to `width`, which generate sets to the
-    written columns rounded up to WIDTH_BUCKET (a compiled step then has one graph per bucket).
-    The prompt part batches each prompt's queries: slots (U, G) holds the rows of each prompt (padded with
-    row 0), slot_of_row (N,) where each row sits in slots.view(-1). Decode only: one real token per row."""
+    """The decode cache of rows that share prompts (a GRPO group: K rows of one prompt): one block of keys and
+    values per prompt, k[layer], v[layer] (U, nh, Tp + T_new * G, hs), the prompt's columns first, then the
+    completion columns of its G row slots interleaved: slot g's token t at column Tp + t * G + g. A decode
+    token attends in one masked attention per prompt, its G slots' queries at once over the block: a slot
+    sees the prompt's real columns and its own completion so far. So each prompt's keys are read once per
+    group instead of once per row (Hydragen, Juravsky et al. 2024, without its two partial softmaxes and
+    their merge, a few operations a layer instead of forty), and the completion columns only as far as
+    `width` tokens, a prefix of the block thanks to the interleaving (generate sets it to the written tokens
+    rounded up to WIDTH_BUCKET: one compiled graph per bucket). The price: a query also scores the other
+    slots' columns, masked, G times the completion's scores (small beside the model's matmuls at G <= 16).
+    slots (U, G) holds the row in each slot (an empty slot: row 0, its output unused), slot_of_row (N,) the
+    slot of each row, prompt_of_row (N,) its prompt. Decode only: one real token per row."""
 
-    def __init__(self, cfg, prefix, group, batch_size, max_new, device, dtype):
-        self.prefix = prefix
-        self.k, self.v = _layers(cfg, batch_size, max_new, device, dtype)
-        self.slots = torch.zeros(prefix.n_real.shape[0], group, dtype=torch.long, device=device)  # (U, G)
+    def __init__(self, cfg, prompts, prompt_len, group, batch_size, max_new, device, dtype):
+        self.k, self.v = _layers(cfg, prompts, prompt_len + max_new * group, device, dtype)
+        self.key_mask = torch.zeros(prompts, prompt_len, dtype=torch.bool, device=device)  # (U, Tp): real prompt columns
+        self.n_real = torch.zeros(prompts, dtype=torch.long, device=device)  # (U,): the prompts' real tokens
+        self.slots = torch.zeros(prompts, group, dtype=torch.long, device=device)  # (U, G)
         self.slot_of_row = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,)
         self.prompt_of_row = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,)
-        self.col = torch.zeros((), dtype=torch.long, device=device)  # the next completion column written
-        self.width = max_new  # completion columns read
+        self.col = torch.zeros((), dtype=torch.long, device=device)  # the next completion token's index
+        self.max_new = self.width = max_new  # completion tokens stored, read
+
+    @property
+    def rows(self):
+        return self.slot_of_row.shape[0]
 
     def start(self, prefill, prompt_of):
         """Start from the prefilled prompts (a KVCache): row i continues prompt prompt_of[i]; the rows past
-        len(prompt_of) (the dummies of a compiled bucket) and the prompts past prefill's read row 0's."""
+        len(prompt_of) (the dummies of a compiled bucket) take empty slots, and the prompts past prefill's read
+        prompt 0's."""
         U, G = self.slots.shape
-        if prefill is not self.prefix:
-            self.prefix.load(prefill, torch.arange(U, device=self.col.device) % prefill.n_real.shape[0])
-        tables = _slot_tables(list(prompt_of), U, G, self.slot_of_row.shape[0])
-        for mine, table in zip((self.slots, self.slot_of_row, self.prompt_of_row), tables):
+        T = prefill.key_mask.shape[1]
+        src = torch.arange(U, device=self.col.device) % prefill.n_real.shape[0]
+        for dst, s in zip(self.k + self.v, prefill.k + prefill.v):
+            dst[:, :, :T] = s[src]  # stale completion columns stay: the mask hides them
+        self.key_mask.zero_()
+        self.key_mask[:, :T] = prefill.key_mask[src]
+        self.n_real.copy_(prefill.n_real[src])
+        for mine, table in zip((self.slots, self.slot_of_row, self.prompt_of_row),
+                               _slot_tables(list(prompt_of), U, G, self.rows)):
             mine.copy_(table)  # in place: a compiled step's tensors keep their addresses
         self.col.zero_()
 
-    def keep(self, rows, prompt_of):
-        """Drop every row but rows (n,) (eager decode drops finished rows); prompt_of: the kept rows' prompts."""
-        self.k, self.v = [x[rows] for x in self.k], [x[rows] for x in self.v]
-        U, G = self.slots.shape[0], max(prompt_of.count(u) for u in set(prompt_of))
-        tables = _slot_tables(prompt_of, U, G, len(prompt_of))
-        self.slots, self.slot_of_row, self.prompt_of_row = (t.to(self.col.device) for t in tables)
+    def keep(self, rows):
+        """Drop every row but rows (n,) (eager decode drops finished rows); the kept rows keep their slots."""
+        self.slot_of_row, self.prompt_of_row = self.slot_of_row[rows], self.prompt_of_row[rows]
+        slots = torch.zeros(self.slots.numel(), dtype=torch.long, device=self.col.device)
+        slots[self.slot_of_row] = torch.arange(len(rows), device=self.col.device)
+        self.slots = slots.view(self.slots.shape)
 
     def advance(self, mask):
-        """GPT.hidden's decode tokens (N, 1) go in at the next completion column: their positions (N, 1) and
-        each layer's attend(q, k, v)."""
-        pos = (self.prefix.n_real[self.prompt_of_row] + self.col)[:, None]  # (N, 1): after the prompt's real tokens
-        cols = self.col + torch.arange(1, device=mask.device)  # (1,)
+        """GPT.hidden's decode tokens (N, 1) go in at the next completion column of their slots: their positions
+        (N, 1) and each layer's attend(q, k, v)."""
+        (U, G), Tp = self.slots.shape, self.key_mask.shape[1]
+        pos = (self.n_real[self.prompt_of_row] + self.col)[:, None]  # (N, 1): after the prompt's real tokens
+        write = Tp + self.col * G + self.slot_of_row % G  # (N,): each row's column for this token
         self.col += 1
-        W, (U, G) = self.width, self.slots.shape
-        written = torch.arange(W, device=mask.device) <= cols  # (W,): the completion so far, this token included
-        prompt_keys = self.prefix.key_mask[:, None, None, :]  # (U, 1, 1, Tp)
+        span = torch.arange(self.width * G, device=mask.device)  # the completion columns read
+        own = (span % G == torch.arange(G, device=mask.device)[:, None]) & (span // G < self.col)  # (G, width * G)
+        seen = torch.cat([self.key_mask[:, None, :].expand(U, G, Tp), own.expand(U, G, -1)], 2)[:, None]  # (U, 1, G, S)
+        S = seen.shape[-1]
 
-        def attend_to(kp, vp, k_all, v_all):
+        def attend_to(k_all, v_all):
             def attend(q, k, v):  # (N, nh, 1, hs)
-                k_all.index_copy_(2, cols, k.to(k_all.dtype))
-                v_all.index_copy_(2, cols, v.to(v_all.dtype))
+                k_all[self.prompt_of_row, :, write] = k[:, :, 0].to(k_all.dtype)
+                v_all[self.prompt_of_row, :, write] = v[:, :, 0].to(v_all.dtype)
                 N, nh, _, hs = q.shape
-                qg = q[self.slots.view(-1)].view(U, G, nh, hs).transpose(1, 2)  # (U, nh, G, hs): a prompt's queries
-                rows = lambda x: x.transpose(1, 2).reshape(U * G, nh, 1, -1)[self.slot_of_row]  # (U, nh, G, ·) -> (N, nh, 1, ·)
-                prompt = (rows(x) for x in _partial_attention(qg, kp, vp, prompt_keys))
-                return _merge(*prompt, *_partial_attention(q, k_all[:, :, :W], v_all[:, :, :W], written))
+                qg = q[self.slots.view(-1), :, 0].view(U, G, nh, hs).transpose(1, 2)  # (U, nh, G, hs): a prompt's slots
+                y = F.scaled_dot_product_attention(qg, k_all[:, :, :S], v_all[:, :, :S], attn_mask=seen)  # (U, nh, G, hs)
+                return y.transpose(1, 2).reshape(U * G, nh, hs)[self.slot_of_row, :, None]  # (N, nh, 1, hs)
             return attend
-        return pos, [attend_to(*layer) for layer in zip(self.prefix.k, self.prefix.v, self.k, self.v)]
+        return pos, [attend_to(k, v) for k, v in zip(self.k, self.v)]
 
 
-WIDTH_BUCKET = 16  # SharedPrefixCache reads completion columns in multiples of this
+WIDTH_BUCKET = 16  # SharedPrefixCache reads completion tokens in multiples of this
 
 
 def _slot_tables(prompt_of, U, G, n_rows):
-    """SharedPrefixCache's slots (U, G): each prompt's rows, padded with row 0; slot_of_row (n_rows,): where each
-    row sits in slots.view(-1); prompt_of_row (n_rows,). Rows past len(prompt_of) (the dummies of a compiled
-    bucket) read row 0's slot and prompt."""
+    """SharedPrefixCache's slots (U, G): each prompt's rows, then empty slots (row 0); slot_of_row (n_rows,):
+    where each row sits in slots.view(-1); prompt_of_row (n_rows,). The rows past len(prompt_of) (the dummies
+    of a compiled bucket) take empty slots of their own, so that no two rows write the same column."""
     members = [[] for _ in range(U)]
     for i, u in enumerate(prompt_of):
         members[u].append(i)
     slot = {i: u * G + g for u, rows in enumerate(members) for g, i in enumerate(rows)}
-    dummies = n_rows - len(prompt_of)
-    return (torch.tensor([rows + [0] * (G - len(rows)) for rows in members]),
-            torch.tensor([slot[i] for i in range(len(prompt_of))] + [slot[0]] * dummies),
-            torch.tensor(prompt_of + [prompt_of[0]] * dummies))
+    empty = [u * G + g for u, rows in enumerate(members) for g in range(len(rows), G)]
+    if n_rows - len(prompt_of) > len(empty):
+        raise ValueError(f"{n_rows} rows do not fit {U} prompts x {G} slots")
+    slot.update(zip(range(len(prompt_of), n_rows), empty))
+    slots = torch.zeros(U * G, dtype=torch.long)
+    slots[list(slot.values())] = torch.tensor(list(slot.keys()))
+    slot_of_row = torch.tensor([slot[i] for i in range(n_rows)])
+    return slots.view(U, G), slot_of_row, slot_of_row // G
 
 
 def _layers(cfg, batch_size, max_len, device, dtype):
     """Zeroed keys and values, one (N, nh, T, hs) tensor per layer each."""
     shape = (batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
     return ([torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)] for _ in "kv")
-
-
-def _partial_attention(q, k, v, valid):
-    """Attention of q (..., Tq, hs) over the keys k, v (..., S, hs) where `valid` (broadcast to (..., Tq, S)),
-    unnormalised: (exp(s - m) @ v, m, Σ exp(s - m)) with s the scaled scores (in fp32, fp64 staying fp64)
-    and m their row maximum. A row with no valid key yields finite values that _merge weighs by 0."""
-    s = q @ k.transpose(-1, -2)
-    s = s.to(torch.promote_types(s.dtype, torch.float32)) * q.shape[-1] ** -0.5
-    s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
-    m = s.amax(-1, keepdim=True)
-    p = torch.exp(s - m)
-    return p.to(v.dtype) @ v, m, p.sum(-1, keepdim=True)
-
-
-def _merge(o1, m1, l1, o2, m2, l2):
-    """softmax attention over the union of two key sets from their _partial_attention parts."""
-    m = torch.maximum(m1, m2)
-    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
-    return ((o1 * a1 + o2 * a2) / (l1 * a1 + l2 * a2)).to(o2.dtype)
 
 
 def place_rows(seqs, starts, width, pad_id, device):
@@ -246,7 +250,7 @@ def _compiled_cache(model, N, U, G, Tp, T_new, shared_prefix, device, dtype):
     masked. The cache tensors are marked static (the step mutates them, which CUDA graphs allow only
     for static inputs); a new bucket or a new model compiles or records once more. The caches live as
     long as the model: ~2 * n_layer * n_embd elements of the autocast dtype per cached column (per bucket,
-    U x Tp + N x T_new with shared_prefix, N x (Tp + T_new) without)."""
+    U x (Tp + G x T_new) with shared_prefix, N x (Tp + T_new) without)."""
     rows = lambda n: 1 << (n - 1).bit_length() if n <= 64 else round_up(n, 64)
     cols = lambda n: min(round_up(n, 64), model.config.n_positions)
     caches = _caches.setdefault(model, {})
@@ -255,10 +259,8 @@ def _compiled_cache(model, N, U, G, Tp, T_new, shared_prefix, device, dtype):
     if key not in caches:
         cfg = model.config
         if shared_prefix:
-            prefix = KVCache(cfg, key[1], key[3], device, dtype)
-            cache = SharedPrefixCache(cfg, prefix, key[2], key[0], key[4], device, dtype)
-            tensors = prefix.k + prefix.v + [prefix.key_mask, prefix.n_real, prefix.col, cache.slots,
-                                             cache.slot_of_row, cache.prompt_of_row]
+            cache = SharedPrefixCache(cfg, key[1], key[3], key[2], key[0], key[4], device, dtype)
+            tensors = [cache.key_mask, cache.n_real, cache.slots, cache.slot_of_row, cache.prompt_of_row]
         else:
             cache = KVCache(cfg, key[0], key[1], device, dtype)
             tensors = [cache.key_mask, cache.n_real]
@@ -321,10 +323,10 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     if compile_decode:
         step, cache = _compiled_cache(model, N, U, G, Tp, max_new_tokens, shared_prefix, device, dtype)
     elif shared_prefix:
-        step, cache = decode_step, SharedPrefixCache(model.config, prefill, G, N, max_new_tokens, device, dtype)
+        step, cache = decode_step, SharedPrefixCache(model.config, U, Tp, G, N, max_new_tokens, device, dtype)
     else:
         step, cache = decode_step, KVCache(model.config, N, Tp + max_new_tokens, device, dtype)
-    Nb = cache.k[0].shape[0]  # rows N.. of a compiled bucket are dummies: copies of row 0, finished from the start
+    Nb = cache.rows  # rows N.. of a compiled bucket are dummies: copies of row 0, finished from the start
     row_of = torch.tensor(prompt_of + [0] * (Nb - N), device=device)  # (Nb,)
     if shared_prefix:
         cache.start(prefill, prompt_of)
@@ -354,14 +356,11 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
                 keep = (~finished).nonzero()[:, 0]  # (n',)
                 alive, nxt, finished = alive[keep], nxt[keep], finished[keep]
                 u = None if u is None else u[:, keep]
-                if shared_prefix:
-                    cache.keep(keep, [prompt_of[i] for i in alive.tolist()])
-                else:
-                    cache.keep(keep)
+                cache.keep(keep)
         if compile_decode:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
         if shared_prefix:  # token t goes in at completion column t: read the columns up to it, in buckets
-            cache.width = min(round_up(t + 1, WIDTH_BUCKET), cache.k[0].shape[2])
+            cache.width = min(round_up(t + 1, WIDTH_BUCKET), cache.max_new)
         logits = step(model, cache, nxt, scale)  # (Nb, vocab)
         nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
 

@@ -44,9 +44,9 @@ def fp64_model(vocab=97, std=0.3):
 @pytest.mark.parametrize("groups", [(16, 16, 1), (1, 1, 1, 1)])  # K = 16 beside K = 1; K = 1 alone (evaluation)
 @torch.no_grad()
 def test_shared_prefix_cache_equals_per_row_attention(groups):
-    """Decode logits through SharedPrefixCache (each prompt's keys once, merged partial softmaxes, completion
-    columns read in width buckets) equal those of per-row KVCache copies, in fp64, over enough tokens to
-    cross width buckets; prompts of mixed lengths, so left padding; rows of a group in any order."""
+    """Decode logits through SharedPrefixCache (each prompt's keys once, its rows' completions interleaved after
+    them, one masked attention per prompt, completion columns read in width buckets) equal those of per-row
+    KVCache copies, in fp64, over enough tokens to cross width buckets; prompts of mixed lengths, so left padding; rows of a group in any order."""
     m = fp64_model()
     g = torch.Generator().manual_seed(0)
     lengths = (9, 3, 6, 1)[:len(groups)]
@@ -59,7 +59,7 @@ def test_shared_prefix_cache_equals_per_row_attention(groups):
     steps, N = 40, len(prompt_of)
     per_row = KVCache(m.config, N, ids.shape[1] + steps, "cpu", torch.float64)
     per_row.load(prefill, torch.tensor(prompt_of))
-    shared = SharedPrefixCache(m.config, prefill, max(groups), N, steps, "cpu", torch.float64)
+    shared = SharedPrefixCache(m.config, len(distinct), ids.shape[1], max(groups), N, steps, "cpu", torch.float64)
     shared.start(prefill, prompt_of)
     tok = first[prompt_of].argmax(-1)
     for t in range(steps):
