@@ -79,6 +79,8 @@ class SharedPrefixCache:
     `width` tokens, a prefix of the block thanks to the interleaving (generate sets it to the written tokens
     rounded up to WIDTH_BUCKET: one compiled graph per bucket). The price: a query also scores the other
     slots' columns, masked, G times the completion's scores (small beside the model's matmuls at G <= 16).
+    Storage and queries scale with U x G, G the largest group: equal groups (GRPO) fill every slot, while a
+    batch of distinct prompts with one repeated (G = 2) doubles them against the per-row cache.
     slots (U, G) holds the row in each slot (an empty slot: row 0, its output unused), slot_of_row (N,) the
     slot of each row, prompt_of_row (N,) its prompt. Decode only: one real token per row."""
 
