@@ -14,8 +14,9 @@ import torch
 from mini import runs
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes the tests start
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(items):

@@ -82,15 +82,14 @@ class SharedPrefixCache:
     Storage and queries scale with U x G, G the largest group: equal groups (GRPO) fill every slot, while a
     batch of distinct prompts with one repeated (G = 2) doubles them against the per-row cache.
     slots (U, G) holds the row in each slot (an empty slot: row 0, its output unused), slot_of_row (N,) the
-    slot of each row, prompt_of_row (N,) its prompt. Decode only: one real token per row."""
+    slot of each row (so slot_of_row // G its prompt). Decode only: one real token per row."""
 
     def __init__(self, cfg, prompts, prompt_len, group, batch_size, max_new, device, dtype):
         self.k, self.v = _layers(cfg, prompts, prompt_len + max_new * group, device, dtype)
         self.key_mask = torch.zeros(prompts, prompt_len, dtype=torch.bool, device=device)  # (U, Tp): real prompt columns
         self.n_real = torch.zeros(prompts, dtype=torch.long, device=device)  # (U,): the prompts' real tokens
         self.slots = torch.zeros(prompts, group, dtype=torch.long, device=device)  # (U, G)
-        self.slot_of_row = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,)
-        self.prompt_of_row = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,)
+        self.slot_of_row = torch.zeros(batch_size, dtype=torch.long, device=device)  # (N,); its prompt: // G
         self.col = torch.zeros((), dtype=torch.long, device=device)  # the next completion token's index
         self.max_new = self.width = max_new  # completion tokens stored, read
 
@@ -110,23 +109,21 @@ class SharedPrefixCache:
         self.key_mask.zero_()
         self.key_mask[:, :T] = prefill.key_mask[src]
         self.n_real.copy_(prefill.n_real[src])
-        for mine, table in zip((self.slots, self.slot_of_row, self.prompt_of_row),
-                               _slot_tables(list(prompt_of), U, G, self.rows)):
+        for mine, table in zip((self.slots, self.slot_of_row), _slot_tables(list(prompt_of), U, G, self.rows)):
             mine.copy_(table)  # in place: a compiled step's tensors keep their addresses
         self.col.zero_()
 
     def keep(self, rows):
         """Drop every row but rows (n,) (eager decode drops finished rows); the kept rows keep their slots."""
-        self.slot_of_row, self.prompt_of_row = self.slot_of_row[rows], self.prompt_of_row[rows]
-        slots = torch.zeros(self.slots.numel(), dtype=torch.long, device=self.col.device)
-        slots[self.slot_of_row] = torch.arange(len(rows), device=self.col.device)
-        self.slots = slots.view(self.slots.shape)
+        self.slot_of_row = self.slot_of_row[rows]
+        self.slots = _slots(self.slot_of_row, *self.slots.shape)
 
     def advance(self, mask):
         """GPT.hidden's decode tokens (N, 1) go in at the next completion column of their slots: their positions
         (N, 1) and each layer's attend(q, k, v)."""
         (U, G), Tp = self.slots.shape, self.key_mask.shape[1]
-        pos = (self.n_real[self.prompt_of_row] + self.col)[:, None]  # (N, 1): after the prompt's real tokens
+        prompt_of_row = self.slot_of_row // G  # (N,)
+        pos = (self.n_real[prompt_of_row] + self.col)[:, None]  # (N, 1): after the prompt's real tokens
         write = Tp + self.col * G + self.slot_of_row % G  # (N,): each row's column for this token
         self.col += 1
         span = torch.arange(self.width * G, device=mask.device)  # the completion columns read
@@ -136,8 +133,8 @@ class SharedPrefixCache:
 
         def attend_to(k_all, v_all):
             def attend(q, k, v):  # (N, nh, 1, hs)
-                k_all[self.prompt_of_row, :, write] = k[:, :, 0].to(k_all.dtype)
-                v_all[self.prompt_of_row, :, write] = v[:, :, 0].to(v_all.dtype)
+                k_all[prompt_of_row, :, write] = k[:, :, 0].to(k_all.dtype)
+                v_all[prompt_of_row, :, write] = v[:, :, 0].to(v_all.dtype)
                 N, nh, _, hs = q.shape
                 qg = q[self.slots.view(-1), :, 0].view(U, G, nh, hs).transpose(1, 2)  # (U, nh, G, hs): a prompt's slots
                 y = F.scaled_dot_product_attention(qg, k_all[:, :, :S], v_all[:, :, :S], attn_mask=seen)  # (U, nh, G, hs)
@@ -151,8 +148,8 @@ WIDTH_BUCKET = 16  # SharedPrefixCache reads completion tokens in multiples of t
 
 def _slot_tables(prompt_of, U, G, n_rows):
     """SharedPrefixCache's slots (U, G): each prompt's rows, then empty slots (row 0); slot_of_row (n_rows,):
-    where each row sits in slots.view(-1); prompt_of_row (n_rows,). The rows past len(prompt_of) (the dummies
-    of a compiled bucket) take empty slots of their own, so that no two rows write the same column."""
+    where each row sits in slots.view(-1). The rows past len(prompt_of) (the dummies of a compiled bucket)
+    take empty slots of their own, so that no two rows write the same column."""
     members = [[] for _ in range(U)]
     for i, u in enumerate(prompt_of):
         members[u].append(i)
@@ -161,10 +158,15 @@ def _slot_tables(prompt_of, U, G, n_rows):
     if n_rows - len(prompt_of) > len(empty):
         raise ValueError(f"{n_rows} rows do not fit {U} prompts x {G} slots")
     slot.update(zip(range(len(prompt_of), n_rows), empty))
-    slots = torch.zeros(U * G, dtype=torch.long)
-    slots[list(slot.values())] = torch.tensor(list(slot.keys()))
     slot_of_row = torch.tensor([slot[i] for i in range(n_rows)])
-    return slots.view(U, G), slot_of_row, slot_of_row // G
+    return _slots(slot_of_row, U, G), slot_of_row
+
+
+def _slots(slot_of_row, U, G):
+    """The slots table (U, G) of slot_of_row (n,): row i in slot slot_of_row[i], row 0 in the empty ones."""
+    slots = torch.zeros(U * G, dtype=torch.long, device=slot_of_row.device)
+    slots[slot_of_row] = torch.arange(len(slot_of_row), device=slot_of_row.device)
+    return slots.view(U, G)
 
 
 def _layers(cfg, batch_size, max_len, device, dtype):
@@ -262,7 +264,7 @@ def _compiled_cache(model, N, U, G, Tp, T_new, shared_prefix, device, dtype):
         cfg = model.config
         if shared_prefix:
             cache = SharedPrefixCache(cfg, key[1], key[3], key[2], key[0], key[4], device, dtype)
-            tensors = [cache.key_mask, cache.n_real, cache.slots, cache.slot_of_row, cache.prompt_of_row]
+            tensors = [cache.key_mask, cache.n_real, cache.slots, cache.slot_of_row]
         else:
             cache = KVCache(cfg, key[0], key[1], device, dtype)
             tensors = [cache.key_mask, cache.n_real]
@@ -328,7 +330,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
         step, cache = decode_step, SharedPrefixCache(model.config, U, Tp, G, N, max_new_tokens, device, dtype)
     else:
         step, cache = decode_step, KVCache(model.config, N, Tp + max_new_tokens, device, dtype)
-    Nb = cache.rows  # rows N.. of a compiled bucket are dummies: copies of row 0, finished from the start
+    Nb = cache.rows  # rows N.. of a compiled bucket are dummies, finished from the start
     row_of = torch.tensor(prompt_of + [0] * (Nb - N), device=device)  # (Nb,)
     if shared_prefix:
         cache.start(prefill, prompt_of)

@@ -46,7 +46,8 @@ def fp64_model(vocab=97, std=0.3):
 def test_shared_prefix_cache_equals_per_row_attention(groups):
     """Decode logits through SharedPrefixCache (each prompt's keys once, its rows' completions interleaved after
     them, one masked attention per prompt, completion columns read in width buckets) equal those of per-row
-    KVCache copies, in fp64, over enough tokens to cross width buckets; prompts of mixed lengths, so left padding; rows of a group in any order."""
+    KVCache copies, in fp64, over enough tokens to cross width buckets; prompts of mixed lengths, so left
+    padding; rows of a group in any order."""
     m = fp64_model()
     g = torch.Generator().manual_seed(0)
     lengths = (9, 3, 6, 1)[:len(groups)]
