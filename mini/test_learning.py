@@ -24,7 +24,7 @@ def held_out_values(model_dir, samples):
 
 
 @pytest.mark.long
-def test_grpo_makes_the_shipped_models_moves_legal(tmp_path):
+def test_grpo_makes_v3s_moves_legal(tmp_path):
     samples = held_out_samples(N_HELD_OUT)[:N_HELD_OUT]  # the P: half
     before = held_out_values(CI_MODEL, samples)
     assert train.main(GRPO_ARGS + ["--log_dir", str(tmp_path), "--run_name", "grpo"]) == 0
