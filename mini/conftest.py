@@ -3,8 +3,9 @@ over to finish its step and save (mini/runs.py), so after that test the signal i
 
 Under `pytest -n N` (pytest-xdist, the README's command) each worker, and every process a test starts, gets its
 share of the cores: N workers of torch's default thread count each would fight over the same cores. And the
-files with a test marked `long` are handed out first, so that the other workers share out the rest meanwhile
-instead of one worker finishing a long test alone at the end."""
+files are handed out longest first (a file's length: the seconds its tests' `long(seconds)` marks declare),
+so that the workers share out the short files at the end instead of one finishing a long one alone."""
+import collections
 import os
 import signal
 
@@ -20,8 +21,11 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
 
 
 def pytest_collection_modifyitems(items):
-    long_files = {item.path for item in items if item.get_closest_marker("long")}
-    items.sort(key=lambda item: item.path not in long_files)  # stable, and a file's tests stay together
+    seconds = collections.Counter()
+    for item in items:
+        if mark := item.get_closest_marker("long"):
+            seconds[item.path] += mark.args[0]
+    items.sort(key=lambda item: -seconds[item.path])  # stable, and a file's tests stay together
 
 
 @pytest.fixture(autouse=True)

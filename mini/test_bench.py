@@ -30,6 +30,7 @@ def smoke(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.long(190)  # its module fixture runs speedrun.sh
 def test_speedrun_cpu_smoke_runs_every_stage_and_prints_the_table(smoke):
     proc, out = smoke
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -134,6 +134,7 @@ def fuzz_argv(rng, data_file):
     return argv
 
 
+@pytest.mark.long(70)
 def test_fuzz_every_command_line_starts_or_is_one_line(tiny, tmp_path, capsys):
     data = tmp_path / "data.txt"
     data.write_text("\n".join(P_LINES) + "\n")

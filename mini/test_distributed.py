@@ -114,6 +114,7 @@ def fixed_step(cfg):
 
 
 @pytest.mark.parametrize("setting", STEP_SETTINGS)
+@pytest.mark.long(35)
 def test_two_ranks_take_the_step_of_one_process(tiny, tmp_path, setting):
     argv = args(tiny, tmp_path, "two", 1, "--batch_size", str(PROMPTS), "--k_samples", str(K), *STEP_SETTINGS[setting])
     assert finish(torchrun("step", argv)) == 0
@@ -127,6 +128,7 @@ def test_two_ranks_take_the_step_of_one_process(tiny, tmp_path, setting):
     assert_same_metrics(a["metrics"], b["metrics"])
 
 
+@pytest.mark.long(60)
 def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_path):
     argv = lambda run: args(tiny, tmp_path, run, STEPS, *FULL_STATE, "--dynamic_sampling")  # each rank fills its share
     assert finish(torchrun("run", argv("straight"), env={"NAN_ON_RANK_1": "1"})) == 0

@@ -23,7 +23,7 @@ def held_out_values(model_dir, samples):
     return per_sample_values(samples, complete(model, tok, samples))
 
 
-@pytest.mark.long
+@pytest.mark.long(570)
 def test_grpo_makes_v3s_moves_legal(tmp_path):
     samples = held_out_samples(N_HELD_OUT)[:N_HELD_OUT]  # the P: half
     before = held_out_values(CI_MODEL, samples)
@@ -38,5 +38,4 @@ def test_grpo_makes_v3s_moves_legal(tmp_path):
 if __name__ == "__main__":
     import sys
 
-    import pytest
     sys.exit(pytest.main([__file__, "-q"]))

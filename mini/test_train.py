@@ -371,6 +371,7 @@ def assert_same_final_state(a, b):
         assert_same_state(sa[key], sb[key], key)
 
 
+@pytest.mark.long(25)
 def test_sigkill_then_auto_resume_equals_uninterrupted(straight, tiny, tmp_path):
     straight, _ = straight
     argv = args(tiny, tmp_path, "killed", STEPS, *FULL_STATE)
@@ -467,6 +468,7 @@ def test_run(tiny, tmp_path, monkeypatch, run):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.long(13)
 def test_a_signal_in_a_run_under_test_stops_the_suite(tmp_path, sig):
     """mini/conftest.py: the run under test takes the signal, saves, and the suite stops after that test (Ctrl-C:
     pytest reports an interrupted session; SIGTERM: the process ends by it) instead of going on to the next."""
