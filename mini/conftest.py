@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(items):
     seconds = collections.Counter()
     for item in items:
         if mark := item.get_closest_marker("long"):
+            if not mark.args:
+                raise pytest.UsageError(f"{item.nodeid}: give @pytest.mark.long the test's seconds, as @pytest.mark.long(60)")
             seconds[item.path] += mark.args[0]
     items.sort(key=lambda item: -seconds[item.path])  # stable, and a file's tests stay together
 
