@@ -30,7 +30,7 @@ def parse_lines(parse, numbered):
     out = []
     for i, raw in numbered:
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # an editor's byte-order mark is not a bad line
             if line.strip():
                 out.append((i, parse(line), None))
         except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:  # UnicodeDecodeError: a ValueError

@@ -19,7 +19,9 @@ A: (environment)
   - history: the last up to 10 half-moves in UCI, INCLUDING the current move as the last entry.
   - The prompt is everything through the third "+" ("+" is always its own token); completion ~58 tokens.
   - Ground truth of a legal move: new_fen = board.fen() after push; reward 1.0 if it mates, 0.5 if the
-    game is drawn (stalemate, insufficient material, 75-move rule, fivefold repetition), else 0.001;
+    game is drawn (stalemate, insufficient material, 75-move rule, fivefold repetition: env_label sees the
+    FEN alone, and no 10-move history can show a fivefold, so a text line's fivefold draw is relabelled as a
+    plain move; this project's games stop at threefold), else 0.001;
     terminated = game over; truncated = 0. An illegal or unparsable move leaves the FEN unchanged,
     reward -1.0, terminated 0, truncated 1 (the original generator pushed pseudo-legal moves unchecked;
     this code does not copy that).

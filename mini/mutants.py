@@ -180,6 +180,9 @@ MUTANTS = [
     Mutant("repeated_move_counted", "a move named several times in M: counts once per repeat",
            "reward_scorer.py", "hits = [m for m in named if m in true_evals]", "hits = [m for m in moves if m in true_evals]",
            ("mini/test_reward_scorer.py",)),
+    Mutant("label_ranked_first", "the B: label ranks first whatever its eval: Black's text lines reward the weakest move",
+           "reward_scorer.py", "key=lambda p: (-p[1], p[0] != sample.best)", "key=lambda p: (p[0] != sample.best, -p[1])",
+           ("mini/test_reward_scorer.py",)),
     Mutant("candidates_over_5", "the candidates component divides by 5, not by the number of labelled moves",
            "reward_scorer.py", "/ max(len(ranked), 1)", "/ 5", ("mini/test_reward_scorer.py",)),
     # ------------------------------------------------------------------------------------------------------

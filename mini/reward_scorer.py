@@ -28,9 +28,10 @@ A_WEIGHTS = {"fen_exact": 4, "fen_similarity": 2, "reward_exact": 2, "terminated
 
 
 def ranking(sample):
-    """Labelled moves best first: the sample's best, then the rest by eval (side to move's view)."""
-    others = sorted((p for p in zip(sample.moves, sample.evals) if p[0] != sample.best), key=lambda p: -p[1])
-    return [sample.best] + [m for m, _ in others], dict(zip(sample.moves, sample.evals))
+    """Labelled moves best first by eval (side to move's view), the sample's best first among equals: PV1 leads
+    for both colours, also on a RookWorld text line whose B: label is the weakest move (Black to move)."""
+    ranked = sorted(zip(sample.moves, sample.evals), key=lambda p: (-p[1], p[0] != sample.best))
+    return [m for m, _ in ranked], dict(zip(sample.moves, sample.evals))
 
 
 def levenshtein(a, b):

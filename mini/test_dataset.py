@@ -53,6 +53,8 @@ def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
     samples, skipped = load_text(str(path))  # one bad byte costs its line, not the file
     assert [s.task for s in samples] == ["P", "A"] and skipped == 1
     assert f"{path}:2: not UTF-8 text" in capsys.readouterr().err
+    path.write_bytes(b"\xef\xbb\xbf" + P_LINES[0].encode() + b"\n" + A_LINES[0].encode() + b"\n")
+    assert load_text(str(path)) == ([parse_line(P_LINES[0]), parse_line(A_LINES[0])], 0)  # a byte-order mark
     path.write_text("\n\n")
     with pytest.raises(ValueError, match=r"holds no sample \(it is empty\)"):
         load_text(str(path))

@@ -103,11 +103,14 @@ def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
 
 def test_text_lines_label_versus_pv1():
     """On RookWorld text lines the label is the B: move; for Black that is the generator's weakest move, so
-    the label scores 100% against itself and 0% against PV1 there (the bug this metric exposes)."""
+    the label scores 100% against itself and 0% against PV1 there (the bug this metric exposes), and the reward,
+    which ranks by eval, gives it the last rank (0.2 + 0.8 * (5 * 0.15 + 3 + 2) / 10 = 0.66)."""
     samples = [parse_line(line) for line in P_LINES + A_LINES]
     values = ev.per_sample_values(samples, [s.completion for s in samples])
     metrics = {k: sum(v) / len(v) for k, v in values.items()}
-    assert_perfect(metrics, skip={"eval_P_best_acc_pv1", "eval_P_best_acc_pv1_black", "eval_P_best_acc_pv1_legal"})
+    assert_perfect(metrics, skip={"eval_P_best_acc_pv1", "eval_P_best_acc_pv1_black", "eval_P_best_acc_pv1_legal",
+                                  "eval_reward", "eval_reward_P"})
+    assert values["eval_reward"] == pytest.approx([1.0, 0.66] + [1.0] * (len(samples) - 2))
     assert metrics["eval_P_best_acc_pv1_black"] == 0.0 and metrics["eval_P_best_acc_pv1"] == pytest.approx(2 / 3)
     assert metrics["eval_P_best_acc_pv1_legal"] == pytest.approx(2 / 3)  # every label is a legal move
     assert [ev.pv1_of(s) for s in samples[:3]] == ["b3b5", "h7f8", "d4c5"]  # the all-0.0 tie goes to the label
