@@ -1,9 +1,11 @@
-"""Rewards: a line's own completion scores 1.0, alterations score lower in the expected order, nothing raises."""
+"""Rewards: a line's true completion (P: with B: at PV1) scores 1.0, alterations score lower in the expected
+order, nothing raises."""
 import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from mini.evaluate import pv1_of
 from mini.formats import parse_line, policy_sample
 from mini.reward_scorer import ScoringPool, score, score_batch
 from mini.test_dataset import run_script
@@ -18,9 +20,7 @@ def test_the_true_completion_scores_one(line):
     for Black is not the line's label."""
     s = parse_line(line)
     if s.task == "P":
-        top = max(s.evals)
-        pv1 = s.best if s.evals[s.moves.index(s.best)] == top else s.moves[s.evals.index(top)]
-        s.completion = s.completion.replace("B: " + s.best, "B: " + pv1)
+        s.completion = s.completion.replace("B: " + s.best, "B: " + pv1_of(s))
     for shaping in ("continuous", "graduated", "strict"):
         reward, comps = score(s, s.completion, shaping)
         assert reward == 1.0 and comps["format_valid"] == 1.0 and comps["raw"] == 1.0
