@@ -31,6 +31,7 @@ def test_round_trip_through_load_model(snapshot):
     model, path = snapshot
     loaded, tok = load_model(path)
     assert loaded.config == model.config and loaded.config.n_positions == 48
+    assert not loaded.training  # eval mode: no dropout in sampling or in the reference
     assert torch.equal(loaded(IDS), model(IDS))
     assert tok.encode("P: 8/8/8") == Tokenizer.gpt2().encode("P: 8/8/8")
 
@@ -39,6 +40,10 @@ def test_round_trip_through_load_model(snapshot):
 def test_round_trip_through_transformers(snapshot):
     transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
     model, path = snapshot
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)  # what transformers reads: tanh GELU is "gelu_new"
+    assert (cfg["activation_function"], cfg["layer_norm_epsilon"], cfg["tie_word_embeddings"]) == ("gelu_new", 1e-5, True)
+    assert cfg["eos_token_id"] == cfg["bos_token_id"] == 50256
     hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
     theirs = hf.state_dict()
     for key, w in model.state_dict().items():  # the same numbers, bit for bit (HF keeps Conv1D as (in, out))
@@ -107,6 +112,48 @@ def test_bf16_snapshot(snapshot, tmp_path):
     loaded, _ = load_model(path)
     for key, w in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], w.bfloat16().float()), key
+
+
+def copy_snapshot(path, to, state):
+    """config.json and the tokenizer files of path (no checksums: a hand-edited snapshot) with these weights."""
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        os.link(os.path.join(path, f), to / f)
+    save_file(state, str(to / "model.safetensors"))
+    return str(to)
+
+
+@torch.no_grad()
+def test_an_old_checkpoint_without_prefixes_and_with_attention_buffers_loads(snapshot, tmp_path):
+    """Checkpoints of older transformers (openai-community/gpt2's own) name the weights without 'transformer.'
+    and also store each layer's attn.bias and attn.masked_bias buffers: the same model loads from them."""
+    model, path = snapshot
+    state = {k.removeprefix("transformer."): w for k, w in load_file(os.path.join(path, "model.safetensors")).items()}
+    P = model.config.n_positions
+    for i in range(model.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(P, P)).view(1, 1, P, P)
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    loaded, _ = load_model(copy_snapshot(path, tmp_path, state))
+    assert torch.equal(loaded(IDS), model(IDS))
+
+
+def test_missing_unexpected_and_too_many_tokens_are_load_errors(snapshot, tmp_path):
+    """A checkpoint without a weight, with a foreign one, or with fewer logits than its tokenizer has tokens is a
+    LoadError that says so, not random weights, a KeyError, or token ids past the output layer."""
+    model, path = snapshot
+    state = load_file(os.path.join(path, "model.safetensors"))
+    cases = [({k: w for k, w in state.items() if k != "transformer.h.1.mlp.c_fc.bias"}, "weights missing for"),
+             ({**state, "transformer.h.0.attn.rotary": torch.zeros(3)}, "unexpected weight 'transformer.h.0.attn.rotary'")]
+    for i, (weights, message) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        with pytest.raises(LoadError, match=message):
+            load_model(copy_snapshot(path, tmp_path / str(i), weights))
+    (tmp_path / "small").mkdir()  # weights and config.json of 1000 tokens beside GPT-2's tokenizer of 50257
+    small = copy_snapshot(path, tmp_path / "small", {**state, "transformer.wte.weight": state["transformer.wte.weight"][:1000]})
+    cfg = json.loads((tmp_path / "small" / "config.json").read_text())
+    os.unlink(tmp_path / "small" / "config.json")  # a link to the snapshot's
+    (tmp_path / "small" / "config.json").write_text(json.dumps({**cfg, "vocab_size": 1000}))
+    with pytest.raises(LoadError, match="tokenizer has 50257 tokens but the model only 1000"):
+        load_model(small)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mini.loader import load_model
-from mini.model import GPT, GPTConfig
+from mini.model import GPT, GPTConfig, causal_mask
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
 
@@ -96,6 +96,54 @@ def test_a_sequence_past_the_last_position_is_one_sentence():
     for run in (lambda: m.hidden(one_over), lambda: m.completion_hidden(one_over, torch.ones(2, 9), 4)):
         with pytest.raises(ValueError, match="sequence needs position 8 but the model has 8"):
             run()
+
+
+def test_causal_mask_by_hand():
+    """Row 0 left-padded by 2, row 1 with a hole: a query sees the real keys up to its own column, and always
+    itself (so a padding query has one key and its row stays finite on every attention backend)."""
+    key_mask = torch.tensor([[False, False, True, True], [True, False, True, True]])
+    got = causal_mask(torch.arange(4), key_mask)
+    want = torch.tensor([[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]],
+                         [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]], dtype=torch.bool)
+    assert got.shape == (2, 1, 4, 4) and torch.equal(got[:, 0], want)
+    # queries at columns 2, 3 over 4 keys (a decode step or a completion after its prefix): the same rows
+    assert torch.equal(causal_mask(torch.arange(2, 4), key_mask)[:, 0], want[:, 2:])
+
+
+def test_init_scales_the_residual_projections_by_depth():
+    """GPT-2's init: weights N(0, 0.02), the residual projections (attn and mlp c_proj) N(0, 0.02 / sqrt(2 n_layer)),
+    biases 0, LayerNorm 1 and 0: what a model made from scratch starts from."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=8, n_head=2, n_embd=64, n_positions=64, vocab_size=500))
+    for name, p in m.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert abs(p.std().item() / (0.02 / 4) - 1) < 0.1, name  # 2 * 8 layers: 0.005
+        elif "ln" in name:
+            assert torch.equal(p, torch.ones_like(p) if name.endswith("weight") else torch.zeros_like(p)), name
+        elif name.endswith("bias"):
+            assert not p.any(), name
+        else:
+            assert abs(p.std().item() / 0.02 - 1) < 0.1, name
+
+
+def test_num_params_counts_the_tied_embedding_once():
+    """V*C + P*C embeddings, 12 C^2 + 13 C a block, 2 C for ln_f; the output layer is the embedding."""
+    V, P, C, L = 50, 16, 8, 3
+    m = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=C, n_positions=P, vocab_size=V))
+    assert m.num_params() == V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C == 3160
+
+
+@torch.no_grad()
+def test_dropout_acts_in_train_mode_only():
+    """With GPTConfig.dropout > 0 an eval-mode forward (sampling, evaluation, the reference) is the dropout-free one."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50)
+    noisy, plain = GPT(GPTConfig(**cfg, dropout=0.5)), GPT(GPTConfig(**cfg))
+    plain.load_state_dict(noisy.state_dict())
+    ids, mask = torch.randint(0, 50, (2, 9)), torch.ones(2, 9)
+    mask[1, :3] = 0
+    assert torch.equal(noisy.eval()(ids, mask), plain.eval()(ids, mask))
+    assert not torch.equal(noisy.train()(ids, mask), plain(ids, mask))  # the dropout is there
 
 
 if __name__ == "__main__":

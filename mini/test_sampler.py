@@ -181,6 +181,68 @@ def test_generate_rejects_too_long_requests():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match="positions"):
         generate(m, [[1] * 10], max_new_tokens=10)
+    with pytest.raises(ValueError, match="needs 17 positions but the model has 16"):
+        generate(m, [[1] * 7, [2]], max_new_tokens=10)
+    (toks, _), = generate(m, [[1] * 6], max_new_tokens=10, eos_id=19)  # exactly n_positions: allowed
+    assert len(toks) <= 10
+
+
+def uniform_model(vocab, eos_id, eos_logit=-1e4, n_positions=16):
+    """A model whose every next-token distribution is uniform over the tokens but EOS, whose logit is eos_logit:
+    zero weights, and ln_f's output 1 in dimension 0, where only EOS's (tied) embedding is non-zero."""
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, n_positions=n_positions, vocab_size=vocab)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        m.transformer.ln_f.bias[0] = 1.0
+        m.transformer.wte.weight[eos_id, 0] = eos_logit
+    return m
+
+
+@torch.no_grad()
+def test_generate_draws_each_token_independently():
+    """Uniform over 3 tokens, 3000 rows of one prompt: every token and every pair of consecutive tokens of a row is
+    uniform (1/3, 1/9), so no uniform number is reused across steps or rows; each log-prob is log(1/3)."""
+    m = uniform_model(vocab=4, eos_id=3)
+    out = generate(m, [[0, 1, 2]] * 3000, max_new_tokens=4, temperature=0.9, eos_id=3, shared_prefix=False,
+                   generator=torch.Generator().manual_seed(0))  # per-row cache: 3000 slots of one prompt are slow
+    toks = torch.tensor([t for t, _ in out])  # (3000, 4): EOS is never drawn
+    logp = torch.stack([lp for _, lp in out])
+    assert toks.shape == (3000, 4) and torch.allclose(logp, torch.full_like(logp, -1.0986123), atol=1e-5)
+    for t in range(4):
+        assert (torch.bincount(toks[:, t], minlength=3) / 3000 - 1 / 3).abs().max() < 0.03, t
+    pairs = torch.bincount((3 * toks[:, :-1] + toks[:, 1:]).flatten(), minlength=9) / 9000
+    assert (pairs - 1 / 9).abs().max() < 0.02, pairs
+
+
+@torch.no_grad()
+def test_generate_stops_at_gpt2s_eos_by_default():
+    """Without eos_id, generation stops at GPT-2's <|endoftext|>, id 50256."""
+    m = uniform_model(vocab=50257, eos_id=50256, eos_logit=100.0)  # EOS certain
+    assert [(t, lp.tolist()) for t, lp in generate(m, [[1, 2, 3], [4]], max_new_tokens=5)] == [([], []), ([], [])]
+
+
+@torch.no_grad()
+def test_greedy_generate_logprobs_are_those_of_the_untempered_distribution():
+    """temperature 0: the argmax tokens, each with its log-prob under softmax(logits) (generate's docstring)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50)).eval()
+    for p in m.parameters():
+        p.mul_(20)
+    prompts = [[1, 2, 3], [7, 8]]
+    for prompt, (toks, logp) in zip(prompts, generate(m, prompts, max_new_tokens=12, temperature=0, eos_id=40)):
+        logits = m(torch.tensor([prompt + toks]))[0, len(prompt) - 1:-1]
+        assert toks == logits.argmax(-1).tolist() and len(toks) > 3
+        assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None])[:, 0], atol=1e-4)
+        assert (logp < -1e-3).any()  # not a degenerate case: log-probs of 0
+
+
+def test_sample_next_top_k_beyond_the_vocabulary_is_no_restriction():
+    """top_k larger than the vocabulary keeps every token (no error from topk)."""
+    g = torch.Generator().manual_seed(0)
+    logits, u = torch.randn(6, 5, generator=g), torch.rand(6, generator=g)
+    for got, want in zip(sample_next(logits, 0.8, top_k=10, u=u), sample_next(logits, 0.8, top_k=0, u=u)):
+        assert torch.equal(got, want)
 
 
 @pytest.fixture(scope="module")

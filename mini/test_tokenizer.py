@@ -2,6 +2,8 @@
 
     python mini/test_tokenizer.py
 """
+import json
+
 import pytest
 from tiktoken.load import load_tiktoken_bpe
 import tiktoken
@@ -18,6 +20,7 @@ TEXTS = LINES + [
     "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1", "e2e4 e7e5 g1f3 b8c6 e7e8q a7a8n",
     "Hello world", " the", "It's a test: 3.14, don't   panic!\n\tTabs\nand\r\nnewlines  ", "~!@#$%^&*()_+{}|:\"<>?`-=[]\\;',./",
     "", "   ", "<|endoftext|> is plain text here",
+    "We're sure you'll see: they've, I'm, he'd, it's, don't. WE'RE", "café €5 naïve 日本 🙂 ÿ\u00ac",
 ]
 
 
@@ -39,6 +42,9 @@ def test_known_ids():
     assert tok.encode("Hello world") == [15496, 995] and tok.encode(" the") == [262]
     assert tok.eos_token_id == 50256 and tok.vocab_size == 50257
     assert tok.encode(" " * 3) == [220, 220, 220]  # GPT-2 has no multi-space tokens
+    contractions = {"you'll": [5832, 1183], "we're": [732, 821], "they've": [9930, 1053], "I'm": [40, 1101],
+                    "he'd": [258, 1549], "it's": [270, 338], "don't": [9099, 470]}  # the pattern splits 'll 're 've ...
+    assert {text: tok.encode(text) for text in contractions} == contractions
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -50,13 +56,26 @@ def test_equals_tiktoken_and_round_trips(text, reference, from_files):
 
 
 def test_written_files_work_in_tokenizers_library(from_files):
+    """An independent implementation (its own pre-tokenizer regex and byte map) reads the files we write and
+    encodes every text as we do, non-ASCII and contractions included; <|endoftext|> is in vocab.json at 50256."""
     tokenizers = pytest.importorskip("tokenizers")
     _, d = from_files
     ht = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(f"{d}/vocab.json", f"{d}/merges.txt"))
     ht.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok = Tokenizer.gpt2()
-    for text in LINES:
-        assert ht.encode(text).ids == tok.encode(text)
+    for text in TEXTS:
+        assert ht.encode(text).ids == tok.encode(text), text
+    assert ht.token_to_id("<|endoftext|>") == 50256
+
+
+def test_a_snapshot_with_only_tokenizer_json(from_files, tmp_path):
+    """Hub snapshots may ship tokenizer.json (the `tokenizers` format, vocabulary under model.vocab) alone."""
+    tok, d = from_files
+    with open(f"{d}/vocab.json", encoding="utf-8") as f:
+        vocab = json.load(f)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": vocab}}))
+    got = Tokenizer.from_dir(str(tmp_path))
+    assert got.eos_token_id == 50256 and all(got.encode(text) == tok.encode(text) for text in LINES)
 
 
 def test_rejects_merges_out_of_id_order(from_files, tmp_path):
