@@ -1,4 +1,5 @@
 """Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
+import itertools
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ from mini.annotate import main
 from mini.dataset import held_out_keys, load_jsonl
 from mini.formats import position_key
 from mini.positions import build_mates
-from mini.stockfish import Annotator, append_jsonl, cp_loss, find_stockfish, read_jsonl
+from mini.stockfish import Annotator, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
 
 try:
     STOCKFISH = find_stockfish()
@@ -215,6 +216,66 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
         "  phase        opening 50%, middlegame 25%, endgame 25%",
         "  in check     25.0%",
         "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
+
+
+class ScreenAnnotator:
+    """Annotator's stand-in: position 'p<i>' scores +-4.0 pawns (level enough, the bound) for even i, -9.0 or +9.0
+    (lopsided for one side or the other) for odd i."""
+    engine, tag = "fake", "depth=0"
+
+    def __init__(self, *a, **kw):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def annotate(self, fens):
+        score = lambda i: (4.0 if i % 4 == 0 else -4.0) if i % 2 == 0 else (-9.0 if i % 4 == 1 else 9.0)
+        return {f: (["e2e4"], [score(int(f[1:]))]) for f in fens}
+
+
+def test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_either_side(tmp_path, monkeypatch):
+    """Beyond --max_eval pawns for either side a position is kept with probability 1/4, within it (the bound
+    included) always; the eval set is the first kept positions, the pool the next ones, in the stream's order."""
+    monkeypatch.setattr(annotate, "Annotator", ScreenAnnotator)
+    monkeypatch.setattr(annotate, "iter_positions", lambda seed: ((f"p{i}", ["e2e4", f"m{i}"], "endgame")
+                                                                  for i in itertools.count()))
+    pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
+    main(["--pool", "50", "--eval", "10", "--max_eval", "4", "--workers", "1", "--cache", "",
+          "--pool_path", str(pool), "--eval_path", str(ev)])
+    records = [json.loads(x) for path in (ev, pool) for x in path.read_text().splitlines()[1:]]
+    kept = [int(r["fen"][1:]) for r in records]
+    assert all(r == {"fen": f"p{i}", "moves": ["e2e4"], "evals": [ScreenAnnotator().annotate([f"p{i}"])[f"p{i}"][1][0]],
+                     "history": ["e2e4", f"m{i}"], "phase": "endgame"} for i, r in zip(kept, records))
+    assert len(kept) == 60 and kept == sorted(kept)
+    assert set(range(0, kept[-1] + 1, 2)) <= set(kept)  # every level one
+    lopsided = [i for i in kept if i % 2]
+    assert 0.05 < len(lopsided) / (kept[-1] // 2) < 0.45  # about a quarter of those met (7 of 52 here)
+    assert {i % 4 for i in lopsided} == {1, 3}  # either side's
+
+
+@needs_stockfish
+def test_each_submitted_fen_gets_its_own_chunks_labels():
+    """submit() labels in chunks of 8 per worker; each FEN's future is the one of the chunk that holds it."""
+    ann = Annotator(depth=1, workers=1, cache_path="")
+    ann.annotate = lambda fens: {f: (["e2e4"], [0.0]) for f in fens}  # no engine needed
+    try:
+        fens = [f"p{i}" for i in range(20)]
+        futures = ann.submit(fens)
+        assert all(f in future.result() for f, future in zip(fens, futures))
+        assert [len(future.result()) for future in dict.fromkeys(futures)] == [8, 8, 4]
+    finally:
+        ann.close()
+
+
+def test_engine_deadline_by_hand():
+    """ENGINE_GRACE_S + 20 x the search's guess (its time; 100k nodes a second; 1 ms x 1.6^depth) x MultiPV lines."""
+    assert engine_deadline(chess.engine.Limit(time=2.0)) == 10 + 20 * 2.0
+    assert engine_deadline(chess.engine.Limit(nodes=100_000), multipv=5) == 10 + 20 * 1.0 * 5
+    assert engine_deadline(chess.engine.Limit(depth=10), multipv=2) == pytest.approx(10 + 20 * 1e-3 * 109.9511627776 * 2)
 
 
 if __name__ == "__main__":

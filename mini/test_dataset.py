@@ -11,19 +11,21 @@ import re
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from contextlib import closing
 
 import chess
 import pytest
 
-from mini.config import EVAL_PATH, POOL_PATH, Config
+from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
-                          load_text, make_source, parsed_lines)
-from mini.formats import env_completion, env_sample, legal_ucis, parse_line, policy_sample, position_key
+                          load_text, make_source, parsed_lines, record_keys)
+from mini.formats import (env_completion, env_sample, legal_ucis, parse_line, policy_prompt, policy_sample,
+                          position_key)
 from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.stockfish import Annotator
 from mini.test_annotate import needs_stockfish
-from mini.test_formats import A_LINES, P_LINES, PINNED, START
+from mini.test_formats import A_LINES, KINGLESS_A_LINE, P_LINES, PINNED, START
 
 def test_malformed_lines_say_what_is_wrong(tmp_path):
     bad = {
@@ -202,6 +204,92 @@ def test_a_lines_python_chess_corrects_are_counted_once(tmp_path, capsys):
                                        "generator pushed pseudo-legal moves); python-chess's labels are used\n")
 
 
+def test_exactly_max_bad_lines_load_and_impossible_positions_never_count_towards_them(tmp_path):
+    """The limit is *more than* MAX_BAD_LINES malformed lines; lines of impossible positions (the published A:
+    data holds hundreds) are skipped without counting towards it, and the skipped count reports both kinds."""
+    path = tmp_path / "data.txt"
+    path.write_text("junk\n" * MAX_BAD_LINES + P_LINES[0] + "\n")
+    samples, skipped = load_text(str(path))
+    assert [s.task for s in samples] == ["P"] and skipped == MAX_BAD_LINES
+    path.write_text((KINGLESS_A_LINE + "\n") * (MAX_BAD_LINES + 5) + "junk\n" + A_LINES[0] + "\n")
+    samples, skipped = load_text(str(path))
+    assert [s.task for s in samples] == ["A"] and skipped == MAX_BAD_LINES + 6
+    kingless = parse_line(A_LINES[1])  # its published position has no black king: an A: record of it is refused too
+    jsonl = tmp_path / "transitions.jsonl"
+    jsonl.write_text("".join(json.dumps({"fen": fen, "move": kingless.move, "history": kingless.history}) + "\n"
+                             for fen in (KINGLESS_A_LINE[3:].split("+")[0], kingless.fen)))
+    assert [s.fen for s in load_jsonl(str(jsonl))] == [kingless.fen]
+
+
+def naive_keys(fen, move=None):
+    """Placement, side, castling and en passant of a position and, after a legal move, of the next one:
+    python-chess directly."""
+    board = chess.Board(fen)
+    keys = {" ".join(board.fen().split()[:4])}
+    try:
+        legal = chess.Move.from_uci(move) in board.legal_moves
+    except (TypeError, ValueError):  # None, garbage
+        legal = False
+    if legal:
+        board.push_uci(move)
+        keys.add(" ".join(board.fen().split()[:4]))
+    return keys
+
+
+def test_held_out_keys_are_every_eval_set_position_and_where_its_a_transitions_lead():
+    """The generated and realistic eval sets and the mate-in-one set, each record's position and, for a legal A:
+    move, the position it leads to (an A: completion writes that FEN): no more, no less."""
+    assert record_keys(START, "e2e4") == naive_keys(START, "e2e4") and len(record_keys(START, "e2e4")) == 2
+    assert record_keys(START, "e2e5") == record_keys(START, "Nf3") == record_keys(START) == {position_key(START)}
+    want, moves = set(), 0
+    for path in (EVAL_PATH, REAL_EVAL_PATH, MATE_PATH):
+        with open(path) as f:
+            for r in map(json.loads, f):
+                if "fen" in r:
+                    want |= naive_keys(r["fen"], r.get("move"))
+                    moves += "move" in r
+    assert moves >= 500 and held_out_keys() == want
+
+
+def test_replay_buffer_refuses_impossible_positions():
+    """A position python-chess reads but calls impossible (the side not to move in check, a pawn on the back
+    rank) never becomes an A: prompt."""
+    buf = ReplayBuffer()
+    buf.held_out = set()
+    buf.add("4k3/8/8/8/8/8/4R3/4K3 w - - 0 1")  # Black is in check with White to move
+    buf.add("4k3/8/8/8/8/8/8/4K2P w - - 0 1")  # a pawn on h1
+    assert len(buf) == 0
+    buf.add("4k3/8/8/8/8/8/4R3/4K3 b - - 0 1")
+    assert [f for f, _ in buf.items.values()] == ["4k3/8/8/8/8/8/4R3/4K3 b - - 0 1"]
+
+
+def test_pool_source_of_a_records_alone_and_half_the_a_share_from_them_with_p_positions():
+    """A file of A: transitions alone is drawn from entirely; with P: positions too, half the A: prompts are the
+    file's transitions and half are python-chess transitions on the P: positions."""
+    records = [env_sample(START, m, [m]) for m in ("e2e4", "d2d4", "g1f3")]
+    texts = {s.prompt + s.completion for s in records}
+    draws = PoolSource(records, env_ratio=0.2, seed=0).draw(60)
+    assert len(draws) == 60 and {s.prompt + s.completion for s in draws} == texts
+    p = parse_line(P_LINES[0])
+    draws = PoolSource(records + [p], env_ratio=1.0, seed=0).draw(400)
+    from_file = sum(s.prompt + s.completion in texts for s in draws)
+    assert all(s.task == "A" for s in draws) and 150 <= from_file <= 250
+    assert sum(s.fen == p.fen for s in draws) == 400 - from_file
+
+
+def test_several_data_files_are_one_source_and_each_rank_draws_with_its_own_seed(tmp_path):
+    """--data_file a,b reads both files; torchrun rank r draws with seed --seed + r (else every rank trains on the
+    same prompts)."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(P_LINES[0] + "\n")
+    b.write_text(P_LINES[1] + "\n" + A_LINES[0] + "\n")
+    cfg = Config(data_source="file", data_file=f"{a},{b}")
+    source = make_source(cfg)
+    assert [s.fen for s in source.policy] == [parse_line(x).fen for x in P_LINES[:2]] and len(source.env) == 1
+    for rank in (0, 1, 3):
+        assert make_source(cfg, rank=rank).rng.getstate() == random.Random(cfg.seed + rank).getstate()
+
+
 def phase_of(board):
     """Independent of how the generator labels them: pieces for endgames, move number for openings."""
     if len(board.piece_map()) < 14:
@@ -221,6 +309,8 @@ def test_generator_reproducible_legal_and_mixed():
         assert phase_of(board) == phase and 1 <= len(history) <= 9
         mix[phase] += 1
     assert abs(mix["opening"] / 200 - 0.2) < 0.08 and abs(mix["middlegame"] / 200 - 0.6) < 0.08 and abs(mix["endgame"] / 200 - 0.2) < 0.08
+    openings = [chess.Board(fen).ply() for fen, _, phase in positions if phase == "opening"]
+    assert (min(openings), max(openings)) == (6, 16)  # 6 to 16 plies, both ends met by some of the ~40 openings
 
 
 def test_env_samples_from_positions():
@@ -337,6 +427,26 @@ def test_stream_source_labels_as_it_goes_and_resumes_exactly(tmp_path):
     with closing(StreamSource(Annotator(depth=2, workers=1, cache_path=str(tmp_path / "cache.jsonl")),
                               env_ratio=0.4, seed=3, ahead=4)) as source:
         assert [s.task for s in source.draw(3, env_ratio=1.0)] == ["P", "A", "A"]  # A: once it has a position
+
+
+class LabelsAhead:
+    """Annotator's stand-in for StreamSource: submit() labels every FEN at once (e2e4 as if legal: unchecked)."""
+
+    def submit(self, fens):
+        future = Future()
+        future.set_result({f: (["e2e4"], [0.1]) for f in fens})
+        return [future] * len(fens)
+
+    def close(self):
+        pass
+
+
+def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):
+    """--data_source generate with --policy_pad 89: the stream's P: prompts are 89 wide, as the pool's are."""
+    monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
+    drawn = StreamSource(LabelsAhead(), env_ratio=0.0, seed=0, ahead=2, pads=(89,)).draw(2)
+    assert [s.prompt for s in drawn] == [policy_prompt(s.fen, 89) for s in drawn]
+    assert {len(s.prompt) for s in drawn} == {3 + 88}
 
 
 def test_generate_without_stockfish_is_one_sentence():

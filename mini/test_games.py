@@ -106,6 +106,16 @@ def test_environment_and_replay_histories_at_every_ply():
         assert [h for _, h in buffer.items.values()] == [ITALIAN_12[:n + 1][-9:]]
 
 
+def test_selfplay_summary_and_means_by_hand():
+    """Three games of 1, 2 and 30 plies: the median is 2 (the mean would be 11); ends as shares of the games; a
+    metric's mean leaves out what was not measured (None)."""
+    games = [{"plies": 1, "end": "illegal"}, {"plies": 30, "end": "checkmate"}, {"plies": 2, "end": "illegal"}]
+    assert gm.selfplay_summary(games) == {"chess_selfplay_plies_median": 2.0, "chess_selfplay_end_checkmate": 1 / 3,
+                                          "chess_selfplay_end_illegal": 2 / 3}
+    assert gm.selfplay_values(games) == {"chess_selfplay_plies": [1.0, 30.0, 2.0], "chess_selfplay_legal_end": [0.0, 1.0, 0.0]}
+    assert gm.mean([1.0, None, 4.0]) == 2.5 and gm.mean([]) != gm.mean([])
+
+
 def test_model_player_is_seeded(tmp_path):
     """The same seed samples the same completions, another seed others: self-play's refreshes differ by seed."""
     model, tok = tiny_gpt(eos_bias=-5.0), Tokenizer.gpt2()

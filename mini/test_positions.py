@@ -3,17 +3,22 @@ length, the held-out split of `annotate.py --games`, and P: prompts at both padd
 
     python mini/test_positions.py
 """
+import itertools
 import json
+import math
 import random
 
 import chess
 import chess.engine
 import pytest
 
-from mini.annotate import game_env_records, main as annotate_main, play_games
+import mini.positions as positions
+from mini.annotate import game_env_records, game_positions, main as annotate_main, play_games
+from mini.config import MATE_PATH
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
-from mini.formats import policy_prompt, policy_sample, position_key
-from mini.positions import HISTORY_BUCKETS, build_mates, game_transitions, history_bucket, play_game
+from mini.formats import UCI, legal_ucis, policy_prompt, policy_sample, position_key
+from mini.positions import (HISTORY_BUCKETS, build_mates, engine_move, game_fens, game_style, game_transitions,
+                            history_bucket, iter_positions, mating_moves, phase, play_game, random_env_sample)
 from mini.stockfish import find_stockfish
 
 ENDS = {"checkmate", "stalemate", "insufficient_material", "threefold_repetition", "fifty_moves",
@@ -130,6 +135,217 @@ def test_build_is_deterministic_and_excludes():
     assert a == build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
     b = build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
     assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
+
+
+ITALIAN_12 = "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3 g8f6 d2d4 e5d4 c3d4 c5b4".split()
+QGD_10 = "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6 c1g5 f8e7 e2e3 e8g8".split()  # Black castles
+
+
+def board_after(moves):
+    board = chess.Board()
+    for m in moves:
+        board.push_uci(m)
+    return board
+
+
+def test_generated_positions_carry_the_last_nine_moves_that_led_there_in_order(monkeypatch):
+    """iter_positions' history is the last 9 half-moves of the game that reached the position, oldest first."""
+    boards = iter([board_after(ITALIAN_12), board_after(ITALIAN_12[:3])])
+    monkeypatch.setattr(positions, "random_position", lambda rng, phase: next(boards))
+    got = [(fen, history) for fen, history, _ in itertools.islice(iter_positions(0), 2)]
+    assert got == [(board_after(ITALIAN_12).fen(), ITALIAN_12[3:]), (board_after(ITALIAN_12[:3]).fen(), ITALIAN_12[:3])]
+
+
+class Scripted(random.Random):
+    """A seeded Random whose first random() calls return the given values (the draw that picks a sample's kind)."""
+
+    def __init__(self, firsts, seed=0):
+        super().__init__(seed)
+        self.firsts = list(firsts)
+
+    def random(self):
+        return self.firsts.pop(0) if self.firsts else super().random()
+
+
+def test_env_sample_kinds_by_their_rate_bands():
+    """u < garbage_rate: no UCI move; then up to garbage_rate + illegal_rate: a UCI move that is illegal (never a
+    legal one); else a legal move, the given one when a game played it."""
+    fen = "4k3/8/8/8/3Q4/8/8/4K3 w - - 0 1"  # few pieces with many moves: a random from-to is often legal
+    legal = legal_ucis(fen)
+    for seed in range(40):
+        garbage = random_env_sample(fen, [], Scripted([0.015], seed))
+        assert garbage.truncated and not UCI.match(garbage.move)
+        for u in (0.025, 0.065):
+            illegal = random_env_sample(fen, [], Scripted([u], seed))
+            assert UCI.match(illegal.move) and illegal.move not in legal and illegal.truncated
+        ok = random_env_sample(fen, ["d8e8"], Scripted([0.075], seed))
+        assert ok.move in legal and not ok.truncated and ok.history == ["d8e8", ok.move]
+        played = random_env_sample(chess.STARTING_FEN, [], Scripted([0.075], seed), move="a2a3")
+        assert (played.move, played.history) == ("a2a3", ["a2a3"])
+
+
+def test_env_samples_favour_game_ending_moves():
+    """Half the legal A: samples take a game-ending move when there is one (mates are rare otherwise): here
+    Ra8#, one of 17 legal moves, drawn about 53% of the time."""
+    fen, rng = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", random.Random(0)
+    moves = [random_env_sample(fen, [], rng, illegal_rate=0.0, garbage_rate=0.0).move for _ in range(300)]
+    assert 0.4 <= moves.count("a1a8") / 300 <= 0.66
+
+
+def test_mating_moves_are_every_mate_in_one_and_no_other_check():
+    """Qb2-b8 and Ra1-a8 mate; Qxg7+ is a check the king answers. The mate-in-one set agrees with a naive search."""
+    assert mating_moves(chess.Board("6k1/5ppp/8/8/8/8/1Q6/R5K1 w - - 0 1")) == ["a1a8", "b2b8"]
+    with open(MATE_PATH) as f:
+        records = [r for r in map(json.loads, f) if "fen" in r][:25]
+    for r in records:
+        board = chess.Board(r["fen"])
+        naive = sorted(m.uci() for m in board.legal_moves if board_after_move(board, m).is_checkmate())
+        assert mating_moves(board) == naive == r["mates"]
+
+
+def board_after_move(board, move):
+    after = board.copy(stack=False)
+    after.push(move)
+    return after
+
+
+def test_phase_boundaries():
+    """opening: the first 16 plies; after them a middlegame with 14 or more pieces, else an endgame."""
+    shuffle = ["g1f3", "g8f6", "f3g1", "f6g8"] * 5
+    assert [phase(board_after(shuffle[:n])) for n in (0, 16, 17)] == ["opening", "opening", "middlegame"]
+    fourteen = "r3k2r/pppp4/8/8/8/8/PPPP4/R3K2R w - - 0 20"
+    assert len(chess.Board(fourteen).piece_map()) == 14
+    assert phase(chess.Board(fourteen)) == "middlegame"
+    assert phase(chess.Board(fourteen.replace("pppp4", "ppp5"))) == "endgame"
+    assert phase(chess.Board("4k3/8/8/8/8/8/4P3/4K3 w - - 0 3")) == "opening"  # ply 4: few pieces, still the opening
+
+
+def test_game_fens_are_every_position_of_the_game_first_and_last_included():
+    assert list(game_fens(["e2e4", "e7e5"])) == [chess.STARTING_FEN, board_after(["e2e4"]).fen(),
+                                                 board_after(["e2e4", "e7e5"]).fen()]
+
+
+HAND_GAMES = [(ITALIAN_12, "max_plies"), (QGD_10, "max_plies")]  # they share the start only
+
+
+def game_histories():
+    """position_key -> [(the moves that led there, the move played there)], over HAND_GAMES by hand."""
+    out = {}
+    for moves, _ in HAND_GAMES:
+        for i in range(len(moves)):
+            out.setdefault(position_key(board_after(moves[:i]).fen()), []).append((moves[:i][-9:], moves[i]))
+    return out
+
+
+def test_game_transitions_are_the_moves_played_after_the_moves_that_led_there():
+    """Every A: record is on a game position; a legal move is the one the game played; its history is the end of
+    the moves that led there (the last 9 at most, a shorter end when cut, never an older part) and the move."""
+    led = game_histories()
+    for cut_rate in (0.0, 1.0):
+        records = [r for seed in range(4) for r in game_env_records(HAND_GAMES, random.Random(seed), cut_rate=cut_rate)]
+        assert len(records) > 30
+        for fen, move, history in records:
+            options = led[position_key(fen)]  # two at the start: e2e4 and d2d4 after no move
+            before, played = options[0][0], {m for _, m in options}
+            assert history[-1] == move and (move in played or move not in legal_ucis(fen))
+            kept = history[:-1]
+            assert kept == before[len(before) - len(kept):]  # an end of them, in order
+            if cut_rate == 0.0:
+                assert kept == before
+            elif before:
+                assert len(kept) < len(before)  # a cut is shorter
+
+
+def test_game_positions_are_drawn_over_every_ply():
+    """n distinct positions drawn uniformly over the games' plies, each with the history that led there and its
+    phase, not the first plies of the first game."""
+    led = game_histories()
+    got = game_positions(HAND_GAMES, random.Random(0), 6)
+    assert len({position_key(f) for f, _, _ in got}) == 6
+    for fen, history, name in got:
+        assert history == led[position_key(fen)][0][0] and name == phase(chess.Board(fen))
+    first = [board_after(ITALIAN_12[:i]).fen() for i in range(6)]
+    assert [f for f, _, _ in got] != first and {f for f, _, _ in got} - set(first)
+
+
+class FakeEngine:
+    """analyse() answers MultiPV lines for the first legal moves in UCI order, scored score(board, i) centipawns for
+    the side to move."""
+
+    def __init__(self, score):
+        self.score = score
+
+    def analyse(self, board, limit, multipv=1, game=None):
+        moves = sorted(board.legal_moves, key=lambda m: m.uci())[:multipv]
+        return [{"pv": [m], "score": chess.engine.PovScore(chess.engine.Cp(self.score(board, i)), board.turn)}
+                for i, m in enumerate(moves)]
+
+
+def test_engine_move_samples_near_the_best_score_for_the_side_to_move():
+    """Black to move, lines scored -50, 200, 0, -400, 100 cp for Black: the best score is 200 and, at a temperature
+    of 10 cp, its move is played (the next is e^-10 as likely)."""
+    board = chess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")
+    engine = FakeEngine(lambda b, i: [-50, 200, 0, -400, 100][i])
+    second = sorted(m.uci() for m in board.legal_moves)[1]
+    for seed in range(20):
+        move, best = engine_move(engine, board, random.Random(seed), 100, 10.0)
+        assert (move.uci(), best) == (second, 200)
+
+
+def steady(cp):
+    return FakeEngine(lambda board, i: cp)
+
+
+def plain_style(monkeypatch):
+    """No blunders, so that every ply after the random opening ones is an engine move; counts the opening plies."""
+    monkeypatch.setattr(positions, "game_style", lambda rng: {"nodes": 100, "temperature_cp": 10.0, "blunder_rate": 0.0})
+    opening, play = [], positions.play
+    monkeypatch.setattr(positions, "play", lambda board, rng, *a: (opening.append(1), play(board, rng, *a)))
+    return opening
+
+
+def test_resignation_after_four_lost_plies_in_about_half_the_games(monkeypatch):
+    """A side scored beyond RESIGN_CP for RESIGN_PLIES plies in a row resigns on the 4th (3 engine moves played
+    after the opening) in the games that resign, about half; the others play on to MAX_PLIES."""
+    opening = plain_style(monkeypatch)
+    monkeypatch.setattr(positions, "MAX_PLIES", 16)
+    ends = []
+    for seed in range(24):
+        opening.clear()
+        moves, end = play_game(steady(1000), random.Random(seed))
+        assert (end, len(moves)) in {("resignation", len(opening) + positions.RESIGN_PLIES - 1), ("max_plies", 16)}
+        ends.append(end)
+    assert 6 <= ends.count("resignation") <= 18
+    for seed in range(24):  # a playable ply every third breaks the run: nobody resigns
+        moves, end = play_game(FakeEngine(lambda board, i: 0 if board.ply() % 3 == 0 else 1000), random.Random(seed))
+        assert (end, len(moves)) == ("max_plies", 16)
+
+
+def test_agreed_draw_after_draw_plies_level_plies_from_draw_from(monkeypatch):
+    """A level game (|score| <= DRAW_CP) is agreed drawn on its DRAW_PLIES-th level ply counted from ply DRAW_FROM."""
+    plain_style(monkeypatch)
+    monkeypatch.setattr(positions, "DRAW_FROM", 10)
+    for seed in range(4):
+        moves, end = play_game(steady(0), random.Random(seed))
+        assert (end, len(moves)) == ("agreed_draw", 10 + positions.DRAW_PLIES - 1)
+
+
+def test_a_game_stops_at_max_plies(monkeypatch):
+    plain_style(monkeypatch)
+    monkeypatch.setattr(positions, "MAX_PLIES", 12)
+    for seed in range(4):
+        moves, end = play_game(steady(300), random.Random(seed))
+        assert (end, len(moves)) == ("max_plies", 12)
+        board_after(moves)  # legal
+
+
+def test_game_styles_span_their_documented_ranges():
+    """Nodes 100, 300 or 1000; softmax temperature log-uniform over 10-150 cp; blunder rate 0-8%."""
+    styles = [game_style(random.Random(i)) for i in range(300)]
+    assert {s["nodes"] for s in styles} == {100, 300, 1000}
+    temps, rates = [s["temperature_cp"] for s in styles], [s["blunder_rate"] for s in styles]
+    assert 10 <= min(temps) < 12 and 130 < max(temps) <= 150 and 0 <= min(rates) < 0.005 and 0.075 < max(rates) <= 0.08
+    assert 0.4 < sum(t < math.sqrt(10 * 150) for t in temps) / 300 < 0.6  # log-uniform: half below the geometric mean
 
 
 if __name__ == "__main__":

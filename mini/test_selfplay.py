@@ -177,6 +177,27 @@ def test_tiny_model_plays_through_model_player(tmp_path):
         assert src.started > 2  # a random model answers nothing parseable: every game ends and restarts
 
 
+class Pool:
+    """A pool source's stand-in: draws marked samples."""
+    def draw(self, n):
+        return [env_sample(chess.STARTING_FEN, "g1f3", ["g1f3"]) for _ in range(n)]
+
+
+def test_draw_shares_of_pool_moves_and_positions(monkeypatch):
+    """A draw is the pool's with probability 1 - mix, else a self-play A: move with probability env_ratio, else a
+    labelled self-play position: here 30%, 14% and 56% of 1000 draws."""
+    monkeypatch.setattr("mini.selfplay.Annotator", lambda *a, **kw: None)  # nothing to label: no engine
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)  # nor any position to leave out
+    src = SelfPlaySource(None, Pool(), games=1, mix=0.7, env_ratio=0.2, player=by_model)
+    src.positions["k"] = (chess.STARTING_FEN, [], ["e2e4"], [0.3])
+    src.moves["k", "d2d4"] = (chess.STARTING_FEN, "d2d4", ["d2d4"])
+    draws = src.draw(1000)
+    share = lambda test: sum(map(test, draws)) / len(draws)
+    assert abs(share(lambda s: s.task == "A" and s.move == "g1f3") - 0.3) < 0.05
+    assert abs(share(lambda s: s.task == "A" and s.move == "d2d4") - 0.14) < 0.04
+    assert abs(share(lambda s: s.task == "P") - 0.56) < 0.05
+
+
 def test_no_stockfish_is_one_sentence(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"^Stockfish not found .*apt-get install stockfish") as e:
         source(tmp_path, stockfish_path="/nonexistent/stockfish")
