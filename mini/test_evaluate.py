@@ -15,11 +15,11 @@ import torch
 
 from mini.config import EVAL_PATH
 import mini.evaluate as ev
-from mini.formats import env_sample, legal_ucis, parse_line, policy_sample
+from mini.formats import env_sample, legal_ucis, parse_line, policy_sample, repad
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import history_bucket, phase
-from mini.reward_scorer import EngineReward, score
+from mini.reward_scorer import GRADUATED, EngineReward, score
 from mini.stockfish import find_stockfish
 from mini.test_formats import A_LINES, P_LINES
 from mini.tokenizer import Tokenizer
@@ -171,6 +171,16 @@ def test_hand_computed():
         assert m[k] == pytest.approx(v), k
     counts = {"eval_P_eval_mae": 5, "eval_A_reward_mae": 3, "eval_P_best_acc_pv1_black": 2, "eval_reward": 8}
     assert {k: len(values[k]) for k in counts} == counts
+
+
+def test_reward_mae_clips_the_answered_reward_and_eval_mae_takes_a_repeats_last_eval():
+    """An A: reward lies in [-1, 1]: an answered 5.0 for the label 0.001 is 0.999 off, -3 is 1.001 off, 0.5 is 0.499.
+    A P: move named twice counts once, with its last eval, as in the reward: b3b5 (-0.8) said 2.0 then -0.8."""
+    s = env_sample(chess.STARTING_FEN, "e2e4", ["e2e4"])
+    answers = [f"{s.next_fen}+{r}+0+0" for r in ("5.0", "-3", "0.5", "0.001")]
+    assert ev.per_sample_values([s] * 4, answers)["eval_A_reward_mae"] == pytest.approx([0.999, 1.001, 0.499, 0.0])
+    p = parse_line(P_LINES[0])
+    assert ev.per_sample_values([p], [" M: b3b5 b3b5 E: 2.0 -0.8 B: b3b5"])["eval_P_eval_mae"] == [0.0]
 
 
 def test_engine_quality_is_the_reward_function():
@@ -367,6 +377,45 @@ def test_engine_failures_stay_aligned_with_the_samples():
     m = ev.means(before)
     assert (m["eval_P_cpl"], m["eval_P_cpl_median"], m["eval_P_blunder"]) == (500.0, 500.0, 0.5)
     assert ev.paired_bootstrap({"m": [None, 1.0], "e": []}, {"m": [2.0, None], "e": []}) == {}  # no pair: no row
+
+
+def test_blunder_is_a_loss_of_200_cp_or_more_and_cpl_legal_leaves_out_illegal_answers():
+    """README: blunder = cpl >= 200. Labelled moves need no search: e2e4 0.5 (best), d2d4 -1.5 (loses exactly
+    200 cp), g1f3 -1.49 (199 cp); an illegal move and an invalid answer cost the cap, 1000, and are left out of
+    cpl_legal, the loss over legal answers."""
+    s = policy_sample(chess.STARTING_FEN, ["e2e4", "d2d4", "g1f3"], [0.5, -1.5, -1.49])
+    answers = [f" M: e2e4 E: 0.5 B: {b}" for b in ("e2e4", "d2d4", "g1f3", "e2e5")] + ["junk"]
+    v = ev.per_sample_values([s] * 5, answers, engine=FailingEngine())
+    assert v["eval_P_cpl"] == [0, 200, 199, 1000, 1000]
+    assert v["eval_P_blunder"] == [0, 1, 0, 1, 1]
+    assert v["eval_P_cpl_legal"] == [0, 200, 199, None, None]
+    assert ev.means(v)["eval_P_cpl_legal"] == pytest.approx(133)
+
+
+def test_compare_scores_with_the_reports_shaping(tmp_path):
+    """Two reports made with --shaping graduated: compare's eval_reward is each side's graduated reward
+    (quarters), not the continuous one, which differs on these answers (B: and its eval alone)."""
+    samples = ev.held_out_samples(3)
+    answers = [f" M: {s.best} E: {s.evals[s.moves.index(s.best)]} B: {s.best}" if s.task == "P" else s.completion
+               for s in samples]
+    before = write_report(tmp_path / "b.json", samples, ["junk"] * 6, shaping="graduated")
+    after = write_report(tmp_path / "a.json", samples, answers, shaping="graduated")
+    graduated = [score(s, c, "graduated")[0] for s, c in zip(samples, answers)]
+    assert set(graduated) <= set(GRADUATED) and graduated != [score(s, c)[0] for s, c in zip(samples, answers)]
+    b, a, d, lo, hi, n = ev.compare(before, after)["eval_reward"]
+    assert (b, n) == (pytest.approx(-0.3), 6) and a == pytest.approx(sum(graduated) / 6)
+
+
+def test_compare_rebuilds_the_prompts_at_the_reports_padding(tmp_path):
+    """Reports made with --pad 89 hold P: prompts padded to 89: compare rebuilds the eval set at that padding
+    (at 90 the prompts would differ and compare would call the eval set changed)."""
+    samples, paths = [repad(s, 89) for s in ev.held_out_samples(3)], []
+    for name, completions in (("b", ["junk"] * 6), ("a", [s.completion for s in samples])):
+        path = tmp_path / f"{name}.json"
+        write_report(path, samples, completions)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "pad": 89}))
+        paths.append(str(path))
+    assert ev.compare(*paths)["eval_P_best_acc_label"][:3] == (0.0, 1.0, 1.0)
 
 
 def test_paired_bootstrap_matches_the_normal_approximation():

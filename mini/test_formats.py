@@ -5,7 +5,8 @@
 import chess
 import pytest
 
-from mini.formats import env_completion, env_prompt, illegal_kind, parse_line, policy_prompt, position_key
+from mini.formats import (env_completion, env_prompt, illegal_kind, parse_line, policy_prompt, policy_sample,
+                          position_key, repad)
 from mini.tokenizer import Tokenizer
 
 # real lines of the published RookWorld data (the P: ones from the validation file, FEN padded to 89)
@@ -60,6 +61,17 @@ def test_prompt_completion_tokens(line):
         assert TOK.encode(line[:cut]) + TOK.encode(line[cut:]) == TOK.encode(line)
     else:
         assert s.prompt.endswith("+") and s.prompt.count("+") == 3
+
+
+@pytest.mark.parametrize("line", P_LINES)
+def test_policy_sample_writes_the_generators_line(line):
+    """A sample built from labels (a .jsonl record, self-play) is written as the generator wrote the data the
+    model was pretrained on: FEN padded to 90, M: to 30, E: to 40 columns; at pad 89 it is the published
+    validation line itself. Every padding space is a token, so a width off by one shifts the targets."""
+    s = parse_line(line)
+    built = policy_sample(s.fen, s.moves, s.evals, s.best)
+    assert built.prompt + built.completion == generator_line(s)
+    assert repad(built, 89).prompt + built.completion == line
 
 
 def test_env_prompt_history_forms():

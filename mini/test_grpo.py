@@ -11,7 +11,8 @@ from hypothesis import example, given, settings, strategies as st
 from torch.distributions import Categorical, kl_divergence
 
 from mini.grpo import (AdaptiveKLController, LossSettings, RewardBaseline, ValueHead, aggregate, gae, group_advantages,
-                       group_rows, grpo_loss, k3_kl, kl_coef_at, normalisers, policy_loss, read_metrics, value_loss)
+                       group_rows, grpo_loss, informative_groups, k3_kl, kl_coef_at, normalisers, policy_loss, read_metrics,
+                       value_loss)
 from mini.logprobs import Head, entropy, exact_kl, head_logprobs, token_logprobs
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
@@ -57,6 +58,26 @@ def test_group_advantages_hand_example():
     adv_k, _ = group_advantages(r, 4, scale_rewards="none", baseline=torch.full((12,), 0.25))
     want_k = [0.75, -0.25, -0.25, 0.75, 0, 0, 0, 0, 0.75, 0.25, -0.25, 0.25]  # zero-variance group stays 0
     assert torch.allclose(adv_k, torch.tensor(want_k), atol=1e-6)
+
+
+def test_a_constant_group_is_zero_even_where_its_float_std_is_not():
+    """One group (--batch_size 1) of three rewards of 0.758: in fp32 torch (2.x, CPU) computes its std as 7e-8,
+    not 0, the mean rounding. The group is still constant: its advantages are exactly 0, it counts in
+    zero_var_share, and dynamic sampling drops it."""
+    r = torch.tensor([0.758, 0.758, 0.758])
+    adv, stats = group_advantages(r, 3)
+    assert adv.eq(0).all() and stats["zero_var_share"] == 1.0
+    assert informative_groups(r, 3).tolist() == [False]
+
+
+def test_informative_groups_keep_a_bessel_std_strictly_above_min_std():
+    """Groups of 3: [0, 2, 4] has a Bessel std of exactly 2 (population std 1.63), [1, 1, 1] none, [0, 0, 3]
+    sqrt(3) = 1.73 (population 1.41). min_std must be exceeded, not reached: 2 at min_std 2 is dropped."""
+    r = torch.tensor([0.0, 2, 4, 1, 1, 1, 0, 0, 3])
+    assert informative_groups(r, 3).tolist() == [True, False, True]
+    assert informative_groups(r, 3, min_std=2.0).tolist() == [False, False, False]
+    assert informative_groups(r, 3, min_std=1.7).tolist() == [True, False, True]
+    assert informative_groups(r, 3, min_std=1.9).tolist() == [True, False, False]
 
 
 def test_reward_baseline_hand_example_and_state():
@@ -153,6 +174,14 @@ def test_dr_grpo_divides_by_the_generation_budget_by_hand():
     assert aggregate(x, mask, "dapo").item() == pytest.approx(21 / 6)
 
 
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_a_batch_without_real_tokens_aggregates_to_zero(loss_type):
+    """No real token at all: the normalisers' token count is floored at 1, so every loss type gives 0, not NaN."""
+    mask = torch.zeros(2, 3)
+    assert normalisers(mask)["n_tokens"] == 1
+    assert aggregate(torch.randn(2, 3), mask, loss_type).item() == 0.0
+
+
 def test_aggregate_rejects_unknown_type():
     with pytest.raises(ValueError):
         aggregate(torch.ones(2, 3), torch.ones(2, 3), "sum")
@@ -208,6 +237,20 @@ def test_grpo_loss_terms_and_on_policy_default():
         assert metrics["entropy"] == pytest.approx((ent_t * mask).sum().item() / mask.sum().item())
     _, m_no_ref = grpo_loss(logits, ids, mask, adv)
     assert "kl" not in m_no_ref
+
+
+def test_k3_from_reference_logits_is_taken_at_the_temperature():
+    """k3 given ref_logits computes the reference log-probs itself: at the sampling temperature, like the
+    policy's, so it equals k3 given those log-probs (the trainer's path), the formula by hand, and 0 against itself."""
+    logits, ids, mask, _, g = batch()
+    ref_logits = logits + 0.5 * torch.randn(logits.shape, generator=g)
+    adv, s = torch.zeros(len(ids)), LossSettings(temperature=0.7, kl_type="k3", kl_coef=0.1)
+    from_logits = grpo_loss(logits, ids, mask, adv, s, ref_logits=ref_logits)[1]["kl"].item()
+    from_logp = grpo_loss(logits, ids, mask, adv, s, ref_logp=token_logprobs(ref_logits, ids, 0.7))[1]["kl"].item()
+    p, q = token_logprobs(logits, ids, 0.7), token_logprobs(ref_logits, ids, 0.7)
+    by_hand = (((torch.exp(q - p) - (q - p) - 1) * mask).sum() / mask.sum()).item()
+    assert from_logits == pytest.approx(from_logp, abs=1e-7) and from_logits == pytest.approx(by_hand, abs=1e-6)
+    assert grpo_loss(logits, ids, mask, adv, s, ref_logits=logits.clone())[1]["kl"].item() == pytest.approx(0, abs=1e-7)
 
 
 # ----------------------------------------------------------------------------- KL, entropy, log-probs

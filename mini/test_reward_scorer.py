@@ -1,13 +1,14 @@
 """Rewards: a line's true completion (P: with B: at PV1) scores 1.0, alterations score lower in the expected
 order, nothing raises."""
 import os
+import random
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from mini.evaluate import pv1_of
 from mini.formats import parse_line, policy_sample
-from mini.reward_scorer import ScoringPool, score, score_batch
+from mini.reward_scorer import ScoringPool, levenshtein, score, score_batch
 from mini.test_dataset import run_script
 from mini.test_formats import A_LINES, P_LINES
 
@@ -147,6 +148,60 @@ def test_a_script_without_a_main_guard_scores_in_workers_once(tmp_path):
                       f"s = parse_line({P_LINES[0]!r})\npool = ScoringPool(2)\n"
                       "print('scored', [r for r, _ in pool.submit([s] * 4, [s.completion] * 4)()])\npool.close()\n")
     assert (done.returncode, done.stdout, done.stderr) == (0, "scored [1.0, 1.0, 1.0, 1.0]\n", "")
+
+
+@pytest.mark.parametrize("best,want", [("b3b5", 1.0), ("b3b7", 0.5), ("b3b4", 0.35), ("b3f3", 0.25), ("b3b1", 0.15),
+                                       ("d2e3", 0.05), ("b3a3", 0.0)])
+def test_best_component_by_rank_of_every_labelled_move(best, want):
+    """README: best scores 1 for the top eval, then 0.5, 0.35, 0.25, 0.15 by rank, 0.05 for another legal move,
+    0 for an illegal one. P_LINES[0] ranks b3b5 (-0.8) > b3b7 (-1.13) > b3b4 (-2.11) > b3f3 (-2.33) > b3b1 (-2.42);
+    d2e3 is legal but unlabelled, b3a3 lands on its own pawn."""
+    s = parse_line(P_LINES[0])
+    reward, comps = score(s, s.completion.replace("B: b3b5", "B: " + best))
+    assert comps["best"] == want
+    assert reward == pytest.approx(0.2 + 0.8 * (5 * want + 3 + 2) / 10)  # candidates and evals exact
+
+
+def test_eval_component_by_hand_with_errors_on_both_sides_and_clipped_mates():
+    """evals = mean of 1 / (1 + |error|) over named labelled moves, both evals clipped to +-10 pawns first:
+    b3b5 said -1.3 for -0.8 (0.5 too low), b3b7 said 2.87 for -1.13 (4 too high), b3b1 said 999.97 for -2.42
+    (clipped: 10 + 2.42), b3f3 said -999.97 for -2.33 (clipped: 10 - 2.33)."""
+    s = parse_line(P_LINES[0])
+    comps = score(s, " M: b3b5 b3b7 b3b1 b3f3 E: -1.3 2.87 999.97 -999.97 B: b3b5")[1]
+    assert comps["evals"] == pytest.approx((1 / 1.5 + 1 / 5 + 1 / (1 + 12.42) + 1 / (1 + 7.67)) / 4, abs=1e-12)
+    # a mate said for a 0.5 eval is 9.5 off once clipped; 999.97 for 999.99 is exact
+    m = policy_sample("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", ["a1a8", "g1f2"], [999.99, 0.5])
+    assert score(m, " M: a1a8 g1f2 E: 999.97 999.97 B: a1a8")[1]["evals"] == pytest.approx((1 + 1 / 10.5) / 2)
+
+
+def test_a_repeated_move_counts_once_with_its_last_eval():
+    """b3b5 (-0.8) named twice, first with 2.0 then with -0.8: its eval is the last (exact), and it is one hit;
+    an illegal move named twice is one illegal candidate: (1 - 0.5) / 5."""
+    s = parse_line(P_LINES[0])
+    assert score(s, " M: b3b5 b3b5 E: 2.0 -0.8 B: b3b5")[1]["evals"] == 1.0
+    assert score(s, " M: b3b5 b3b5 E: -0.8 2.0 B: b3b5")[1]["evals"] == pytest.approx(1 / 3.8)
+    assert score(s, " M: b3b5 b3a3 b3a3 E: -0.8 0.0 0.0 B: b3b5")[1]["candidates"] == pytest.approx(0.1)
+
+
+def naive_levenshtein(a, b):
+    """Wagner-Fischer over the whole strings, without levenshtein's common-ends shortcut."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d[-1][-1]
+
+
+def test_levenshtein_against_the_plain_dynamic_programme():
+    """Textbook distances, then 400 random pairs over a small alphabet (shared characters inside the strings,
+    where a wrong substitution or insertion cost shows) against the full table."""
+    for a, b, want in [("kitten", "sitting", 3), ("flaw", "lawn", 2), ("", "abc", 3), ("abc", "", 3), ("ab", "ba", 2),
+                       ("rnbqk/8 w", "rnbk/8 b", 2), ("8/8/8 w - - 0 1", "8/8/8 w - - 0 1", 0)]:
+        assert levenshtein(a, b) == levenshtein(b, a) == want
+    rng = random.Random(0)
+    for _ in range(400):
+        a, b = ("".join(rng.choice("ab1/ ") for _ in range(rng.randint(0, 9))) for _ in range(2))
+        assert levenshtein(a, b) == naive_levenshtein(a, b), (a, b)
 
 
 FEN = "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18"
