@@ -158,6 +158,15 @@ def checkpoint_settings(path):
         return load_checkpoint(path)["config"]
 
 
+def saved_step(path):
+    """The step saved in a checkpoint, read without loading its tensors (mmap); None when it cannot be read
+    (latest_valid_checkpoint skips such a file with a message)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:
+        return None
+
+
 def read_rows(path):
     """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
     a ValueError naming it (file:line)."""
@@ -398,9 +407,14 @@ class RunDir:
         """The run goes on from `step` (a resume, a rollback): drop what it did after that step, which it will
         redo. The rows of later steps (and a cut-off last line) leave the JSONL logs, and the regular
         checkpoints of later steps are removed: --auto_resume would continue from them, and pruning would
-        keep them over the ones written next."""
+        keep them over the ones written next. So are stable.pt and recovery.pt when they hold a later step (a
+        stable.pt of the abandoned branch would be the highest step --auto_resume finds)."""
         for path in glob.glob(self.checkpoint("step_*.pt")):
             if checkpoint_step(path) > step:
+                remove_checkpoint(path)
+        for name in ("stable.pt", "recovery.pt"):
+            path = self.checkpoint(name)
+            if os.path.exists(path) and (saved_step(path) or 0) > step:
                 remove_checkpoint(path)
         for name in STEP_LOGS:
             path = self.file(name)

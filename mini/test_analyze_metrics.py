@@ -138,5 +138,37 @@ def test_cli_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch, 
     assert "1 steps" in capsys.readouterr().out and not os.path.exists(tmp_path / "plots")
 
 
+
+def test_warnings_read_the_last_fifth_and_their_thresholds_are_strict():
+    """The late-run warnings average the last fifth of the rows (not the whole run, not the last row), fire only
+    strictly above their thresholds, and the reward check compares the first fifth's mean with the last fifth's."""
+    base = lambda i: {"step": i, "reward_mean": 0.1 * i, "kl": 0.0, "zero_var_share": 0.0, "clip_frac": 0.0}
+    rows = [base(i) for i in range(1, 21)]  # fifths of 4 rows
+    for r in rows[:16]:
+        r.update(kl=1.0, zero_var_share=1.0, clip_frac=1.0)  # bad early, fine late: no warning
+    assert am.warnings(rows) == []
+    rows = [base(i) for i in range(1, 21)]
+    for r, kl, zv, clip in zip(rows[16:], (0.9, 0.0, 0.0, 0.0), (1.0, 1.0, 0.2, 0.0), (0.8, 0.0, 0.0, 0.0)):
+        r.update(kl=kl, zero_var_share=zv, clip_frac=clip)  # late means: KL 0.225, equal-reward 0.55, clip 0.2
+    found = am.warnings(rows)
+    assert len(found) == 2 and "KL to the start model is 0.23" in found[1] and found[0].startswith("55% of groups")
+    at = [dict(base(i), kl=0.2, zero_var_share=0.5, clip_frac=0.2) for i in range(1, 11)]
+    assert am.warnings(at) == []  # exactly at each threshold: no warning
+    rewards = [0.4, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.7, 0.2]  # fifths of 2: first 0.4, last 0.45 (last row 0.2)
+    assert am.warnings([{"step": i, "reward_mean": r} for i, r in enumerate(rewards, 1)]) == []
+    rewards[-1] = 0.1  # last fifth 0.4: not above the first
+    assert am.warnings([{"step": i, "reward_mean": r} for i, r in enumerate(rewards, 1)]) == [
+        "the training reward did not rise from the first fifth of the run to the last"]
+
+
+def test_rows_come_back_in_step_order_and_windows_split_by_hand(tmp_path):
+    """A metrics.jsonl written out of order (a resumed run appends, a merge) is read in step order, so the trend
+    windows and the first/last fifths are the run's; 5 rows in 2 windows split 2 + 3 (bounds round(i * 5 / 2))."""
+    run = write_run(tmp_path, [{"step": s, "kl": float(s)} for s in (3, 1, 5, 2, 4)])
+    rows = am.load_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert am.window_means(rows, ["kl"], 2) == [(1, 2, {"kl": 1.5}), (3, 5, {"kl": 4.0})]
+    assert am.window_means(rows, ["kl"], 3) == [(1, 2, {"kl": 1.5}), (3, 3, {"kl": 3.0}), (4, 5, {"kl": 4.5})]
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

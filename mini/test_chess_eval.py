@@ -322,5 +322,172 @@ def test_quick_metrics_on_tiny_model(tiny):
     assert all(isinstance(v, float) for v in m.values())
 
 
+
+# ----------------------------------------------------------------------------- by hand, no engine needed
+
+def test_eval_arbiter_asks_about_the_first_max_transitions_in_game_order():
+    games = self_play(answering(first_legal), ["initial", "french"], max_plies=4)
+    vals, transitions = ce.eval_arbiter(perfect_arbiter, games, max_transitions=6)
+    assert transitions == (games[0]["transitions"] + games[1]["transitions"])[:6] and len(transitions) == 6
+    assert vals["chess_arbiter_all"] == [1.0] * 6
+
+def test_quality_values_by_hand():
+    """The blunder line is loss >= BLUNDER_CP (200) exactly; an illegal or missing move costs the cap in
+    chess_cpl and is not measured (None) in chess_cpl_legal."""
+    losses = [{"loss": 0}, {"loss": 199}, {"loss": 200}, {"loss": 1000}, {"loss": 1000}]
+    legal = [True, True, True, False, True]
+    assert ce.quality_values(losses, legal) == {
+        "chess_cpl": [0.0, 199.0, 200.0, 1000.0, 1000.0],
+        "chess_cpl_legal": [0.0, 199.0, 200.0, None, 1000.0],
+        "chess_blunder": [0.0, 0.0, 1.0, 1.0, 1.0]}
+
+
+class FakeAnnotator:
+    """Annotator's move_losses with given losses, recording what it was asked (and a context manager)."""
+
+    def __init__(self, *a, **kw):
+        self.asked = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def move_losses(self, pairs):
+        self.asked += pairs
+        return [{"loss": [0, 300, 1000, 50][i % 4]} for i in range(len(pairs))]
+
+
+def test_eval_quality_asks_the_engine_about_the_players_moves_and_marks_illegal_ones():
+    fens = [chess.STARTING_FEN, MATES[0]["fen"], MATES[1]["fen"]]
+    answers = {fens[0]: " M: e2e4 E: 0.1 B: e2e4", fens[1]: " M: a1a8 E: 1 B: a1h8", fens[2]: " M: c1c8 E: 1"}
+    ann = FakeAnnotator()
+    vals, rows = ce.eval_quality(lambda prompts: [answers[fen_of(p)] for p in prompts], fens, ann)
+    assert ann.asked == [(fens[0], "e2e4"), (fens[1], "a1h8"), (fens[2], None)]
+    assert vals == {"chess_cpl": [0.0, 300.0, 1000.0], "chess_cpl_legal": [0.0, None, None],
+                    "chess_blunder": [0.0, 1.0, 1.0]}
+    assert [r["fen"] for r in rows] == fens and rows[1]["completion"] == answers[fens[1]]
+
+
+def test_run_suite_reports_the_median_centipawn_loss(monkeypatch):
+    """chess_cpl_median is the median of the per-position losses (0, 300, 1000, 50 -> 175), chess_cpl their mean."""
+    monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: ("stockfish", None))
+    monkeypatch.setattr(ce, "Annotator", FakeAnnotator)
+    a = ce.parse_args(["--n_mates", "0", "--n_quality", "4", "--games", "0", "--sf_games", "0"])[1]
+    report = ce.run_suite(answering(first_legal), answering(first_legal), a)
+    assert report["values"]["chess_cpl"] == [0.0, 300.0, 1000.0, 50.0]
+    assert report["metrics"]["chess_cpl_median"] == 175.0 and report["metrics"]["chess_cpl"] == 337.5
+    assert len(report["items"]["move_quality"]) == 4
+
+
+def test_stockfish_starts_pair_the_colours_and_the_default_plays_each_start_as_both():
+    starts = ["initial", *OPENINGS]
+    assert [ce.stockfish_start(i) for i in range(5)] == ["initial", "initial", starts[1], starts[1], starts[2]]
+    assert ce.stockfish_start(2 * len(starts)) == "initial"  # then round again
+    n = ce.parse_args([])[1].sf_games
+    assert n == 2 * len(starts)
+    assert sorted((ce.stockfish_start(i), i % 2 == 0) for i in range(n)) == sorted((s, w) for s in starts for w in (True, False))
+
+
+def test_end_if_over_by_hand():
+    """Checkmate scores for the side that mated, from the player's colour; a threefold repetition is claimed as
+    a draw; the half-move cap is a draw at exactly max_plies half-moves."""
+    fools = chess.Board()
+    for uci in ("f2f3", "e7e5", "g2g4", "d8h4"):
+        fools.push_uci(uci)
+    for white, score in ((True, 0.0), (False, 1.0)):
+        game = {"white": white, "end": None, "score": None}
+        ce.end_if_over(fools, game, 200)
+        assert (game["end"], game["score"]) == ("checkmate", score)
+    shuffle = chess.Board()
+    for uci in ("g1f3", "g8f6", "f3g1", "f6g8") * 2:
+        shuffle.push_uci(uci)  # the start position for the third time
+    game = {"white": True, "end": None, "score": None}
+    ce.end_if_over(shuffle, game, 200)
+    assert (game["end"], game["score"]) == ("threefold_repetition", 0.5)
+    short = chess.Board()
+    for uci in ("e2e4", "e7e5", "g1f3"):
+        short.push_uci(uci)
+    game = {"white": False, "end": None, "score": None}
+    ce.end_if_over(short, game, 4)
+    assert game["end"] is None
+    ce.end_if_over(short, game, 3)
+    assert (game["end"], game["score"]) == ("max_plies", 0.5)
+
+
+def test_stockfish_values_by_hand():
+    games = [{"score": 1.0, "plies": 30}, {"score": 0.5, "plies": 200}, {"score": 0.0, "plies": 7}]
+    assert ce.stockfish_values(games) == {
+        "chess_sf_score": [1.0, 0.5, 0.0], "chess_sf_plies": [30.0, 200.0, 7.0],
+        "chess_sf_win": [1.0, 0.0, 0.0], "chess_sf_draw": [0.0, 1.0, 0.0], "chess_sf_loss": [0.0, 0.0, 1.0]}
+
+
+def test_items_of_name_what_each_value_is_about():
+    """A game against Stockfish is its start and the player's colour: the same start as the other colour is
+    another item."""
+    report = {"mate_in_one": [{"fen": "m1"}, {"fen": "m2"}], "move_quality": [{"fen": "q1"}],
+              "selfplay": [{"start": "initial"}, {"start": "french"}],
+              "stockfish_games": [{"start": "initial", "white": True}, {"start": "initial", "white": False}]}
+    assert ce.items_of(report) == {"mate_in_one": ["m1", "m2"], "move_quality": ["q1"],
+                                   "selfplay": ["initial", "french"],
+                                   "stockfish_games": [["initial", True], ["initial", False]]}
+    assert ce.items_of({}) == {"mate_in_one": [], "move_quality": [], "selfplay": [], "stockfish_games": []}
+
+
+# each section's values depend on these settings (the README): two reports that differ in one are refused
+SETTING_OF = [("mate_in_one", "chess_mate_acc", "max_new_tokens", 96, 32),
+              ("move_quality", "chess_cpl", "max_new_tokens", 96, 32),
+              ("move_quality", "chess_cpl", "sf_depth", 8, 12),
+              ("selfplay", "chess_selfplay_plies", "max_new_tokens", 96, 32),
+              ("selfplay", "chess_selfplay_plies", "max_plies", 200, 100),
+              ("selfplay", "chess_selfplay_plies", "temperature", 0.6, 1.0),
+              ("selfplay", "chess_selfplay_plies", "top_k", 5, 0),
+              ("stockfish_games", "chess_sf_score", "max_new_tokens", 96, 32),
+              ("stockfish_games", "chess_sf_score", "max_plies", 200, 100),
+              ("stockfish_games", "chess_sf_score", "sf_nodes", 1000, 2000)]
+
+
+@pytest.mark.parametrize("section,metric,setting,before,after", SETTING_OF, ids=[f"{s[0]}-{s[2]}" for s in SETTING_OF])
+def test_compare_refuses_a_section_run_with_another_setting(tmp_path, section, metric, setting, before, after):
+    report = {"suite": "chess", "metrics": {metric: 0.5}, "values": {metric: [0.0, 1.0]},
+              "items": {section: [["initial", True], ["initial", False]]}, "settings": {"sf_skill": 20, setting: before}}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(report, open(paths[0], "w"))
+    json.dump(dict(report, settings={"sf_skill": 20, setting: after}), open(paths[1], "w"))
+    with pytest.raises(ValueError, match=rf"{section} sections ran with other settings \(--{setting} {before} and {after}\)"):
+        ce.compare(*paths)
+    json.dump(dict(report, settings={"sf_skill": 20, setting: before}), open(paths[1], "w"))
+    assert ce.compare(*paths)[0][metric][:3] == (0.5, 0.5, 0.0)
+
+
+def test_compare_leaves_games_of_reports_without_a_skill_level_unpaired(tmp_path):
+    """A report that does not record --sf_skill (older ones) may have played random games: not paired."""
+    report = {"suite": "chess", "metrics": {"chess_sf_score": 0.5, "chess_mate_acc": 0.5},
+              "values": {"chess_sf_score": [0.0, 1.0], "chess_mate_acc": [0.0, 1.0]},
+              "items": {"stockfish_games": [["initial", True], ["initial", False]], "mate_in_one": ["a", "b"]}}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(report, open(paths[0], "w"))
+    json.dump(dict(report, metrics={"chess_sf_score": 1.0, "chess_mate_acc": 0.5}), open(paths[1], "w"))
+    paired, unpaired = ce.compare(*paths)
+    assert "chess_sf_score" not in paired and unpaired["chess_sf_score"] == (0.5, 1.0, 0.5)
+    assert paired["chess_mate_acc"][:3] == (0.5, 0.5, 0.0)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sf_skill", "21"], "--sf_skill 21 must be between 0 and 20"), (["--sf_skill", "-1"], "--sf_skill -1 must be"),
+    (["--max_plies", "0"], "--max_plies 0 must be at least 1"), (["--n_mates", "-1"], "--n_mates -1 must be at least 0"),
+    (["--sf_nodes", "0"], "--sf_nodes 0 must be at least 1"), (["--workers", "0"], "--workers 0 must be at least 1"),
+    (["--games", "-1"], "--games -1 must be at least 0"), (["--sf_depth", "0"], "--sf_depth 0 must be at least 1")])
+def test_chess_eval_flags_are_checked(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        ce.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err, err
+    edges = ce.parse_args(["--sf_skill", "0", "--max_plies", "1", "--n_mates", "0", "--n_quality", "0", "--games", "0",
+                           "--sf_games", "0", "--arbiter_max", "0", "--sf_nodes", "1", "--workers", "1"])[1]
+    assert (edges.sf_skill, edges.max_plies, edges.n_mates) == (0, 1, 0)
+    assert ce.parse_args(["--sf_skill", "20"])[1].sf_skill == 20
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -16,7 +16,7 @@ import mini.evaluate as evaluate
 import mini.sft as sft
 import mini.train as train
 from mini.config import POOL_PATH, Config
-from mini.flags import parse_args
+from mini.flags import device_problem, parse_args
 from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 
@@ -105,6 +105,108 @@ def test_help_shows_every_default_and_only_the_script_flags(capsys):
     assert not any(f in text for f in ("--k_samples", "--clip_eps_low", "--kl_coef", "--kl_type"))
     assert "\n  --n_layer" not in help_text(capsys, train.main)
     assert "--bf16, --no_bf16" in text
+
+
+# ----------------------------------------------------------------------------- boundaries, by hand
+
+# (script, flag, values at the edge of what its check allows, values just beyond it): read off each field's
+# documented range in mini/config.py
+EDGES = [
+    ("train", "--seed", ["0", str(2**32 - 1)], ["-1", str(2**32)]),
+    ("train", "--k_samples", ["2"], ["1"]),
+    ("train", "--temperature", ["1e-6"], ["0", "-0.5"]),
+    ("train", "--top_k", ["0"], ["-1"]),
+    ("train", "--mix_env_ratio", ["0", "1"], ["-0.01", "1.01"]),
+    ("train", "--selfplay_mix", ["0", "1"], ["-0.01", "1.01"]),
+    ("train", "--clip_eps_low", ["0", "1"], ["-0.01", "1.01"]),
+    ("train", "--clip_eps_high", ["0", "5"], ["-0.01"]),
+    ("train", "--ema_decay", ["0", "1"], ["-0.01", "1.01"]),
+    ("train", "--gamma", ["0", "1"], ["1.01"]),
+    ("train", "--gae_lambda", ["0", "1"], ["-0.01", "1.01"]),
+    ("train", "--min_lr_ratio", ["0", "1"], ["1.01"]),
+    ("train", "--adam_beta1", ["0", "0.9999"], ["1", "-0.1"]),
+    ("train", "--adam_beta2", ["0", "0.9999"], ["1"]),
+    ("train", "--memory_fraction", ["1e-6", "1"], ["0", "1.01"]),
+    ("train", "--score_workers", ["-1", "0"], ["-2"]),
+    ("train", "--steps", ["0"], ["-1"]),
+    ("train", "--keep_last", ["0"], ["-1"]),
+    ("train", "--save_every", ["0"], ["-1"]),
+    ("train", "--stockfish_depth", ["1"], ["0"]),
+    ("train", "--target_kl", ["1e-6"], ["0"]),
+    ("train", "--value_clip", ["1e-6"], ["0"]),
+    ("train", "--kl_coef", ["0"], ["-0.01"]),
+    ("train", "--dynamic_sampling_min_std", ["0"], ["-0.01"]),
+    ("train", "--num_iterations", ["1"], ["0"]),
+    ("train", "--time_limit_min", ["0"], ["-0.5"]),
+    ("sft", "--n_positions", ["160"], ["159"]),
+    ("sft", "--n_layer", ["1"], ["0"]),
+    ("sft", "--grow_layers", ["0"], ["-1"]),
+]
+
+
+@pytest.mark.parametrize("script,flag,good,bad", EDGES, ids=[e[1] for e in EDGES])
+def test_every_range_holds_its_edges_and_refuses_one_step_beyond(capsys, script, flag, good, bad):
+    """Off-by-one bounds (< for <=, an open interval for a closed one): the edge value parses to itself, the
+    value just outside is one line naming the flag."""
+    for value in good:
+        assert getattr(parse_args([flag, value], script=script), flag[2:]) == type(getattr(Config(), flag[2:]))(value)
+    for value in bad:
+        err = one_line_exit(capsys, lambda a: parse_args(a, script=script), [flag, value])
+        assert f"error: {flag} " in err and "must be" in err, err
+
+
+def test_no_flags_is_the_dataclass_and_switches_and_numbers_keep_their_types():
+    """The CLI's defaults are Config's (one place); --name/--no_name set booleans; float flags are floats."""
+    for script in ("train", "sft"):
+        assert parse_args([], script=script) == Config()
+    cfg = parse_args(["--no_bf16", "--bf16_cpu", "--no_skip_bad_lines", "--adaptive_kl", "--lr", "1", "--steps", "7"])
+    assert (cfg.bf16, cfg.bf16_cpu, cfg.skip_bad_lines, cfg.adaptive_kl) == (False, True, False, True)
+    assert type(cfg.lr) is float and cfg.lr == 1.0 and type(cfg.steps) is int and cfg.steps == 7
+    assert parse_args(["--no_adaptive_kl", "--adaptive_kl"]).adaptive_kl is True  # the last one given wins
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lr", "inf"], "--lr inf is not a finite number"),
+    (["--temperature", "-inf"], "--temperature -inf is not a finite number"),
+    (["--batch_size", "2", "--k_samples", "2", "--micro_batch_size", "5"], "--micro_batch_size 5 is larger than"),
+    (["--recovery_mode"], "--recovery_mode needs --run_name"),
+    (["--recovery_mode", "--resume_from_checkpoint", "x.pt", "--run_name", "r"],
+     "--recovery_mode and --resume_from_checkpoint say different things"),
+    (["--run_name", ".."], "must be a plain name"),
+    (["--run_name", "."], "must be a plain name"),
+    (["--run_name", "x" * 256], "is 256 bytes long, more than the 255"),
+    (["--run_name", "\u00e9" * 128], "is 256 bytes long, more than the 255"),  # bytes, not characters
+    (["--model_path", "./no/such/model"], "does not exist"),
+    (["--model_path", "a/b/c"], "does not exist"),  # deeper than owner/name: a path
+])
+def test_more_bad_combinations_are_one_line(capsys, argv, message):
+    err = one_line_exit(capsys, parse_args, argv)
+    assert message in err, err
+
+
+def test_edges_of_the_combination_checks_pass(monkeypatch):
+    """A micro-batch of exactly the whole batch, a 255-byte run name, a name with dots, a hub id: all fine."""
+    assert parse_args(["--batch_size", "2", "--k_samples", "2", "--micro_batch_size", "4"]).micro_batch_size == 4
+    assert parse_args(["--run_name", "x" * 255]).run_name == "x" * 255
+    assert parse_args(["--run_name", "a.b", "--recovery_mode"]).recovery_mode
+    assert parse_args(["--model_path", "owner/no-such-model"]).model_path == "owner/no-such-model"
+
+
+def test_batch_size_must_divide_among_torchrun_processes(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert parse_args(["--batch_size", "4"]).batch_size == 4
+    err = one_line_exit(capsys, parse_args, ["--batch_size", "3"])
+    assert "--batch_size 3 does not divide among the 2 processes" in err
+
+
+def test_cuda_device_index_against_the_device_count(capsys, monkeypatch):
+    """cuda:N is refused from N = device_count on (cuda:0 ... cuda:count-1 exist)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problem("cuda") is None and device_problem("cuda:0") is None and device_problem("cuda:1") is None
+    assert "there are 2 CUDA devices" in device_problem("cuda:2")
+    assert "must be auto, cpu, cuda or cuda:N" in device_problem("cuda:x")
 
 
 # ----------------------------------------------------------------------------- fuzz

@@ -130,5 +130,22 @@ def test_compare_bars_takes_evaluate_compare_rows(tmp_path):
     assert [b.get_height() for b in fig.axes[titles(fig).index("eval_reward")].containers[0]] == pytest.approx([-0.3, 1.0])
 
 
+
+def test_held_out_points_sit_at_their_steps_and_overlaid_runs_differ_in_colour():
+    """Held-out metrics logged every 5 steps are drawn at steps 5, 10, 15, 20 (not at their index); the time
+    panel stacks each phase at its step; overlaid runs get a colour each (C0, C1), the same in every panel."""
+    runs = {"run-a": synthetic_rows(), "run-b": synthetic_rows(shift=0.1)}
+    fig = plots.held_out_figure(runs, "eval_", "held-out evaluation")
+    for ax in fig.axes:
+        assert [list(line.get_xdata()) for line in ax.get_lines()] == [[5, 10, 15, 20]] * 2
+        assert [line.get_color() for line in ax.get_lines()] == ["C0", "C1"]
+    train = plots.training_figure(runs)
+    reward = {line.get_label(): line for line in train.axes[0].get_lines() if not line.get_label().startswith("_")}
+    assert reward["run-a"].get_color() == "C0" and reward["run-b"].get_color() == "C1"
+    rows = [{"step": 2, "time_generate": 1.0}, {"step": 3, "kl": 0.1}, {"step": 7, "time_generate": 2.0, "time_update": 4.0}]
+    time_ax = plots.training_figure({"solo": rows}).axes[-1]
+    top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band's outline: x at steps 2 and 7 only
+    assert sorted(set(top[:, 0].round(6))) == [2.0, 7.0] and top[:, 1].max() == pytest.approx(6.0)
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

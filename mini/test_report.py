@@ -107,5 +107,29 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
 
 
+
+def test_chess_keys_are_held_out_and_flags_are_not_scalars():
+    """chess_* (--eval_chess) goes to the eval/ section like eval_*, with no TRL name even per task; a bool (a flag
+    in a row) is no scalar to chart; an int is."""
+    assert dashboard_scalars({"step": 3, "chess_mate_acc": 0.25, "chess_score_P": 0.5, "stopped": True, "n": 2}) == {
+        "eval/chess_mate_acc": 0.25, "eval/chess_score_P": 0.5, "mini/n": 2.0}
+    assert trl_name("chess_score_P") is None and trl_name("reward_std_P") is None and trl_name("format_valid_A") == \
+        "rewards/format_valid_A/mean"
+
+
+def test_tensorboard_gets_the_config_once(tmp_path):
+    """The run's config is written as text at the first step logged (the dashboard's record of the settings)."""
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    r = make_reporter("tensorboard", str(tmp_path), {"lr": 2e-5, "run_name": "cfg-run"})
+    r.log(4, {"kl": 0.5})
+    r.log(5, {"kl": 0.25})
+    r.close()
+    ea = EventAccumulator(str(tmp_path / "tensorboard"))
+    ea.Reload()
+    (text,) = ea.Tensors("config/text_summary")
+    assert text.step == 4 and '"run_name": "cfg-run"' in text.tensor_proto.string_val[0].decode()
+    assert [(e.step, e.value) for e in ea.Scalars("mini/kl")] == [(4, 0.5), (5, 0.25)]
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -5,6 +5,7 @@ that load without running code.
 
     python mini/test_runs.py
 """
+import dataclasses
 import errno
 import glob
 import json
@@ -19,7 +20,9 @@ import pytest
 import torch
 
 import mini.train as train
-from mini.runs import RunDir, RunError, given_flags, load_checkpoint
+from mini.config import Config
+from mini.runs import (RunDir, RunError, given_flags, is_disk_full, load_checkpoint, remove_checkpoint,
+                       resume_config)
 from mini.test_train import args, nan_loss_on, read_jsonl, tiny  # noqa: F401  (tiny is a fixture)
 
 
@@ -260,6 +263,122 @@ def test_checkpoints_load_without_running_code(tiny, tmp_path, two_steps):
         (two_steps / "config.json").write_text("{")
         RunDir(str(tmp_path), "r").saved_config()
 
+
+
+# ----------------------------------------------------------------------------- by hand, no training
+
+# settings that decide what a run computes (model, data, sampling, objective, optimiser, seed): a resume
+# that changed one would not continue the run but splice another onto it
+DEFINING = {"model_path": "elsewhere", "seed": 7, "lr": 0.5, "batch_size": 5, "k_samples": 5, "temperature": 0.5,
+            "top_k": 3, "max_new_tokens": 9, "mix_env_ratio": 0.9, "data_source": "generate", "kl_coef": 0.5,
+            "kl_type": "forward", "loss_type": "dapo", "num_iterations": 3, "clip_eps_low": 0.1, "clip_eps_high": 0.3,
+            "warmup_steps": 3, "decay_steps": 3, "weight_decay": 0.5, "reward_shaping": "strict", "scale_rewards": "none",
+            "baseline_type": "adaptive", "use_gae": True, "entropy_coef": 0.1, "policy_pad": "89", "bf16": False,
+            "dynamic_sampling": True, "p_reward": "engine", "env_sft_coef": 0.1, "adaptive_kl": True}
+# settings of how it runs, not what it computes (documented as changeable on resume)
+RUNTIME = {"steps": 9, "time_limit_min": 5.0, "eval_every": 7, "eval_n": 3, "eval_chess": True, "log_samples": 1,
+           "save_every": 3, "keep_last": 1, "kl_threshold": 1.0, "device": "cpu", "score_workers": 0,
+           "micro_batch_size": 2, "grad_checkpointing": True, "compile": True, "compile_decode": True,
+           "shared_prefix_decode": False, "fused_logprobs": True, "entropy_every": 4, "stockfish_path": "/x/sf",
+           "engine_cache": "", "report_to": "tensorboard", "annotate_workers": 1, "memory_fraction": 0.5,
+           "log_dir": "elsewhere", "run_name": "renamed"}
+
+
+def test_resume_config_applies_runtime_flags_and_refuses_defining_ones():
+    saved = dataclasses.asdict(Config(resume_from_checkpoint="old.pt", overwrite=True))
+    for name, value in RUNTIME.items():
+        cfg, changed = resume_config(Config(auto_resume=True, **{name: value}), {name}, saved, "the run")
+        assert getattr(cfg, name) == value and changed == {name: (saved[name], value)}, name
+        assert cfg.auto_resume and not cfg.resume_from_checkpoint and not cfg.overwrite  # this start's, not the saved
+    for name, value in DEFINING.items():
+        with pytest.raises(RunError, match=f"the run, and these flags would change it: --{name} {value!r}"):
+            resume_config(Config(auto_resume=True, **{name: value}), {name}, saved, "the run")
+        assert resume_config(Config(**{name: value}), set(), saved, "x")[0] == Config()  # not given: the saved one
+    assert resume_config(Config(lr=1e-5), {"lr"}, saved, "x") == (Config(), {})  # given, the run's own value
+
+
+def ckpt_state(step, value=0.0):
+    return {"model": {"w": torch.full((3,), value)}, "optimizer": {}, "step": step, "config": {}, "run_name": "r",
+            "rng": {}}
+
+
+def test_latest_valid_checkpoint_is_the_highest_step_of_the_good_ones(tmp_path, capsys):
+    """Regular, stable and recovery checkpoints compete by step; debug ones, damaged ones and non-finite ones
+    never win."""
+    run = RunDir(str(tmp_path), "r")
+    for step in (3, 1, 5):
+        run.save_regular(ckpt_state(step), keep_last=0)
+    run.save("stable.pt", ckpt_state(4))
+    run.save("recovery.pt", ckpt_state(2))
+    run.save("debug_step_000009.pt", ckpt_state(9))
+    run.save("step_000008.pt", ckpt_state(8, float("nan")))
+    run.save("step_000007.pt", ckpt_state(7))
+    open(run.checkpoint("step_000007.pt"), "r+b").truncate(100)
+    path, state = run.latest_valid_checkpoint()
+    assert path == run.checkpoint("step_000005.pt") and state["step"] == 5
+    remove_checkpoint(path)
+    assert run.latest_valid_checkpoint()[0] == run.checkpoint("stable.pt")
+    capsys.readouterr()
+
+
+def test_keep_last_0_keeps_every_checkpoint_and_n_keeps_the_n_newest(tmp_path):
+    run = RunDir(str(tmp_path), "k")
+    for step in (1, 2, 3):
+        run.save_regular({"step": step}, keep_last=0)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == [
+        "step_000001.pt", "step_000002.pt", "step_000003.pt"]
+    run.save_regular({"step": 4}, keep_last=3)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == [
+        "step_000002.pt", "step_000003.pt", "step_000004.pt"]
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".sha256")) == [
+        "step_000002.pt.sha256", "step_000003.pt.sha256", "step_000004.pt.sha256"]
+
+
+def test_cut_back_keeps_the_step_it_goes_on_from(tmp_path):
+    """cut_back(3): rows of steps 1-3 stay in both logs, checkpoints of steps 4 and 5 go, step 3's stays; so does
+    a stable.pt or recovery.pt of step 3 or before, and one of a later step goes."""
+    run = RunDir(str(tmp_path), "c")
+    os.makedirs(run.path)
+    for step in (2, 3, 4, 5):
+        run.save_regular({"step": step}, keep_last=0)
+    run.save("recovery.pt", {"step": 3})
+    run.save("stable.pt", {"step": 2})
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        run.append_jsonl(name, [{"step": s, "x": s} for s in (1, 2, 3, 3, 4, 5)])
+    run.cut_back(3)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == [
+        "recovery.pt", "stable.pt", "step_000002.pt", "step_000003.pt"]
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert [r["step"] for r in read_jsonl(tmp_path / "c" / name)] == [1, 2, 3, 3]
+    (tmp_path / "c" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(RunError, match=r"metrics.jsonl:2: not a JSON row; the log is damaged"):
+        run.cut_back(3)
+
+
+def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tmp_path):
+    """A run at step 6 with its best evaluation there (stable.pt) and a recovery.pt of step 5 goes back to step 3
+    (--resume_from_checkpoint step_000003.pt): both are of the abandoned branch, so they go with step 6's
+    checkpoint, and a later --auto_resume goes on from step 3, not from 6 on top of the new branch's logs."""
+    run = RunDir(str(tmp_path), "c")
+    os.makedirs(run.path)
+    for step in (3, 6):
+        run.save_regular(ckpt_state(step), keep_last=0)
+    run.save("stable.pt", ckpt_state(6))
+    run.save("recovery.pt", ckpt_state(5))
+    run.cut_back(3)
+    path, state = run.latest_valid_checkpoint()
+    assert (os.path.basename(path), state["step"]) == ("step_000003.pt", 3)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == ["step_000003.pt"]
+
+
+def test_is_disk_full_by_hand():
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not is_disk_full(FileNotFoundError(errno.ENOENT, "No such file"))
+    assert is_disk_full(RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"))
+    assert is_disk_full(Exception("Error while serializing: IoError(Os { code: 28, os error 28 })"))
+    assert not is_disk_full(RuntimeError("CUDA out of memory"))
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -3,13 +3,16 @@
     python mini/test_sft.py
 """
 import glob
+import math
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
+import chess
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,7 +66,8 @@ def test_time_limited_schedule_warms_up_on_real_steps():
 
 def test_loss_mask_on_real_lines(tok):
     """On real P: and A: lines the masked targets are exactly the completion's tokens and EOS, and
-    tokenising prompt and completion apart gives the tokens of the whole line."""
+    tokenising prompt and completion apart gives the tokens of the whole line; each sample drawn walks its game
+    on (the replay buffer gets the position after it), so A: positions keep changing."""
     data = sft.SFTData(parse_args(["--mix_env_ratio", "0.5"]))
     samples = data.batch(16)
     assert {s.task for s in samples} == {"P", "A"}
@@ -71,6 +75,16 @@ def test_loss_mask_on_real_lines(tok):
     for s, row, m in zip(samples, y, loss_mask):
         assert row[m].tolist() == tok.encode(s.completion) + [EOS]
         assert tok.encode(s.prompt) + tok.encode(s.completion) == tok.encode(s.prompt + s.completion)
+    # each drawn sample walks its game on: the position after its A: move or its P: best move joins the buffer
+    after = []
+    for s in samples:
+        if s.task == "A":
+            after.append(s.next_fen)
+        else:
+            board = chess.Board(s.fen)
+            board.push_uci(s.best)
+            after.append(board.fen())
+    assert sum(position_key(f) in data.buffer.items for f in after if f) >= len(samples) // 2
 
 
 def full_vocab_loss(model, batch):
@@ -87,6 +101,8 @@ def test_loss_is_the_full_vocabulary_cross_entropy(tok, monkeypatch):
     full = full_vocab_loss(model, batch)
     monkeypatch.setattr(sft, "FULL_SOFTMAX_SHARE", 1.0)  # the correction on every position: exact
     assert sft.sft_loss(model, *batch).item() == pytest.approx(full, abs=1e-4)
+    one = sft.encode_batch(load_jsonl(POOL_PATH)[:1], tok, "cpu")  # rows of one length: the last EOS is in no input
+    assert sft.sft_loss(model, *one).item() == pytest.approx(full_vocab_loss(model, one), abs=1e-4)
     monkeypatch.setattr(sft, "FULL_SOFTMAX_SHARE", 1 / 8)  # on a random eighth: exact on average
     with torch.no_grad():
         estimates = torch.tensor([sft.sft_loss(model, *batch).item() for _ in range(200)])
@@ -221,6 +237,112 @@ def test_sft_data_never_holds_a_mate_in_one_position(tmp_path):
     assert {position_key(r["fen"]) for r in mates} <= data.buffer.held_out == data.source.held_out
     assert {s.fen for s in data.batch(32)} == {pool[0].fen}
 
+
+
+def hand_lr_factor(s, steps, warmup, min_ratio=0.1):
+    """lr_factor written out for decay_steps 0: linear warmup from the first update, then cosine to min_ratio."""
+    if s < warmup:
+        return (s + 1) / warmup
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup)))
+
+
+class LoopSpy:
+    """Watches sft.train_sft's loop from outside: a fake clock (dt seconds a call), the loss of each step with its
+    exact gradient, and at each optimizer.step the LR of every param group and the gradient it is given."""
+
+    def __init__(self, monkeypatch, dt, grad_clip):
+        self.now, self.losses, self.expected, self.tokens, self.lrs, self.grad_err, self.rows = -dt, [], [], [], [], [], []
+        real_loss, real_conf = sft.sft_loss, GPT.configure_optimizers
+
+        def clock():
+            self.now += dt
+            return self.now
+
+        def loss_fn(model, x, mask, y, loss_mask):
+            params = [p for p in model.parameters() if p.requires_grad]
+            self.expected.append(torch.autograd.grad(real_loss(model, x, mask, y, loss_mask), params))
+            loss = real_loss(model, x, mask, y, loss_mask)
+            self.losses.append(loss.item())
+            self.tokens.append(int(mask.sum()))
+            return loss
+
+        def configure(model, *a, **k):
+            opt = real_conf(model, *a, **k)
+            step = opt.step
+
+            def watched_step(*args, **kw):
+                self.lrs.append({g["lr"] for g in opt.param_groups})
+                g = self.expected[-1]
+                norm = torch.sqrt(sum((e.double() ** 2).sum() for e in g)).item()
+                scale = min(1.0, grad_clip / (norm + 1e-6)) if grad_clip > 0 else 1.0
+                params = [p for p in model.parameters() if p.requires_grad]
+                self.grad_err.append(max(((p.grad - e * scale).abs().max() / (e * scale).abs().max()).item()
+                                         for p, e in zip(params, g)))
+                return step(*args, **kw)
+
+            opt.step = watched_step
+            return opt
+
+        class Reporter:
+            def log(_, step, row):
+                self.rows.append((step, row))
+
+            def close(_):
+                pass
+
+        class Data:  # a few fixed samples in turn: the loop is under test here, not the data (~5 s to load)
+            def __init__(_, cfg):
+                _.source, _.i = types.SimpleNamespace(close=lambda: None), 0
+
+            def batch(_, n):
+                _.i += n
+                return [LOOP_SAMPLES[(_.i + j) % len(LOOP_SAMPLES)] for j in range(n)]
+
+        monkeypatch.setattr(sft, "SFTData", Data)
+        monkeypatch.setattr(sft, "FULL_SOFTMAX_SHARE", 1.0)  # the loss is exact, so its gradient can be recomputed
+        monkeypatch.setattr(sft, "time", types.SimpleNamespace(time=clock, strftime=time.strftime))
+        monkeypatch.setattr(sft, "sft_loss", loss_fn)
+        monkeypatch.setattr(GPT, "configure_optimizers", configure)
+        monkeypatch.setattr(sft, "make_reporter", lambda *a: Reporter())
+
+
+LOOP_SAMPLES = [Sample("A", "", "A: a+", "b+1"), Sample("P", "", "P: k  ", " M: x"), Sample("A", "", "A:", " a")]
+TINY = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--batch_size", "2"]
+
+
+def test_training_loop_by_hand_lr_schedule_clipping_fresh_gradients_and_logged_means(tmp_path, monkeypatch):
+    """13 steps, warmup 3, cosine to min_lr_ratio 0.1: each update gets exactly lr * the hand-computed factor in every
+    param group, the gradient of this step's loss alone (zeroed in between) clipped to --grad_clip, and the rows
+    logged at step 10 and at the last step 13 hold the mean loss of their own steps, that LR and tokens/s."""
+    spy = LoopSpy(monkeypatch, dt=1.0, grad_clip=0.01)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "h", "--steps", "13", "--lr", "1e-3",
+                            "--warmup_steps", "3", "--grad_clip", "0.01", "--weight_decay", "0.0"]) == 0
+    want = [1e-3 * hand_lr_factor(k, 13, 3) for k in range(13)]
+    assert len(spy.lrs) == 13 and all(len(lrs) == 1 for lrs in spy.lrs)
+    assert [lrs.pop() for lrs in spy.lrs] == pytest.approx(want, rel=1e-9)
+    assert max(spy.grad_err) < 1e-3, spy.grad_err  # clipped to 0.01 (the raw norm is far larger), never accumulated
+    assert [s for s, _ in spy.rows] == [10, 13] and all(set(r) == {"loss", "lr", "tokens_per_s"} for _, r in spy.rows)
+    (_, r10), (_, r13) = spy.rows
+    assert r10["loss"] == pytest.approx(sum(spy.losses[:10]) / 10, rel=1e-6)
+    assert r13["loss"] == pytest.approx(sum(spy.losses[10:]) / 3, rel=1e-6)
+    assert r10["lr"] == pytest.approx(want[9]) and r13["lr"] == pytest.approx(want[12])
+    # the fake clock ticks once a step and once a log line: 11 s for the first window, 4 s for the second
+    assert r10["tokens_per_s"] == pytest.approx(sum(spy.tokens[:10]) / 11)
+    assert r13["tokens_per_s"] == pytest.approx(sum(spy.tokens[10:]) / 4)
+    log = (tmp_path / "h" / "sft.log").read_text()
+    assert f"step    13 | loss {r13['loss']:.4f} | lr {want[12]:.2e}" in log and "done: 13 steps" in log
+
+
+def test_time_limit_schedule_and_stop_by_hand(tmp_path, monkeypatch):
+    """--time_limit_min 0.25 (15 s) on a clock that moves 2 s a step: the warmup's 2 steps count real steps, then
+    the schedule is at int(100 * elapsed / 15) of --steps 100 (40, 53, 66, 80, 93), and the run stops at step 7,
+    the first whose clock is past 15 s."""
+    spy = LoopSpy(monkeypatch, dt=2.0, grad_clip=1.0)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "t", "--steps", "100", "--lr", "1e-3",
+                            "--warmup_steps", "2", "--time_limit_min", "0.25"]) == 0
+    want = [1e-3 * hand_lr_factor(s, 100, 2) for s in (0, 1, 40, 53, 66, 80, 93)]
+    assert [lrs.pop() for lrs in spy.lrs] == pytest.approx(want, rel=1e-9)
+    assert "time limit of 0.25 min reached at step 7" in (tmp_path / "t" / "sft.log").read_text()
 
 if __name__ == "__main__":
     import sys
