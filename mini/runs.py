@@ -8,7 +8,8 @@ saved and loaded (Resumable), logs cut back to the resumed step, and the rollbac
                     train.log      the log lines
                     metrics.jsonl  one row per step (samples.jsonl: a few completions per step)
                     run.lock       PID and host of the process that owns the run
-                    checkpoints/   step_*.pt (the last keep_last), recovery.pt, stable.pt, debug_step_*.pt
+                    checkpoints/   step_*.pt (the last keep_last), recovery.pt, stable.pt, debug_step_*.pt,
+                                   abandoned/stable_step_*.pt (a best model of steps a resume went back from)
                     final/         a Hugging Face snapshot, at the end
 """
 import contextlib
@@ -153,16 +154,21 @@ def checkpoint_settings(path):
     takes its settings from them before the trainer loads the whole checkpoint. A ValueError saying why, as
     load_checkpoint's, when the file is not a readable checkpoint."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]
+        return peek_checkpoint(path)["config"]
     except Exception:  # missing, damaged, another format: load_checkpoint says which
         return load_checkpoint(path)["config"]
 
 
+def peek_checkpoint(path):
+    """A checkpoint's dict read without loading its tensors (mmap): cheap for its settings or its step."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def saved_step(path):
-    """The step saved in a checkpoint, read without loading its tensors (mmap); None when it cannot be read
-    (latest_valid_checkpoint skips such a file with a message)."""
+    """The step saved in a checkpoint; None when it cannot be read (latest_valid_checkpoint skips such a file
+    with a message)."""
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+        return int(peek_checkpoint(path)["step"])
     except Exception:
         return None
 
@@ -407,15 +413,24 @@ class RunDir:
         """The run goes on from `step` (a resume, a rollback): drop what it did after that step, which it will
         redo. The rows of later steps (and a cut-off last line) leave the JSONL logs, and the regular
         checkpoints of later steps are removed: --auto_resume would continue from them, and pruning would
-        keep them over the ones written next. So are stable.pt and recovery.pt when they hold a later step (a
-        stable.pt of the abandoned branch would be the highest step --auto_resume finds)."""
+        keep them over the ones written next. A recovery.pt of a later step goes too, and a stable.pt of a later
+        step (the abandoned branch's best held-out model, which --auto_resume would take as the newest state)
+        moves to abandoned/stable_step_<step>.pt, where --auto_resume does not look."""
         for path in glob.glob(self.checkpoint("step_*.pt")):
             if checkpoint_step(path) > step:
                 remove_checkpoint(path)
-        for name in ("stable.pt", "recovery.pt"):
-            path = self.checkpoint(name)
-            if os.path.exists(path) and (saved_step(path) or 0) > step:
-                remove_checkpoint(path)
+        recovery, stable = self.checkpoint("recovery.pt"), self.checkpoint("stable.pt")
+        if (saved_step(recovery) or 0) > step:
+            remove_checkpoint(recovery)
+        stable_step = saved_step(stable) or 0
+        if stable_step > step:
+            aside = self.checkpoint(os.path.join("abandoned", f"stable_step_{stable_step:06d}.pt"))
+            os.makedirs(os.path.dirname(aside), exist_ok=True)
+            for suffix in ("", ".sha256"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(stable + suffix, aside + suffix)
+            print(f"{stable} holds a step after {step}, of the run before it went back: moved to {aside}",
+                  file=sys.stderr)
         for name in STEP_LOGS:
             path = self.file(name)
             if os.path.exists(path):

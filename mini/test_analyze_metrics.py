@@ -138,7 +138,6 @@ def test_cli_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch, 
     assert "1 steps" in capsys.readouterr().out and not os.path.exists(tmp_path / "plots")
 
 
-
 def test_warnings_read_the_last_fifth_and_their_thresholds_are_strict():
     """The late-run warnings average the last fifth of the rows (not the whole run, not the last row), fire only
     strictly above their thresholds, and the reward check compares the first fifth's mean with the last fifth's."""

@@ -322,7 +322,6 @@ def test_quick_metrics_on_tiny_model(tiny):
     assert all(isinstance(v, float) for v in m.values())
 
 
-
 # ----------------------------------------------------------------------------- by hand, no engine needed
 
 def test_eval_arbiter_asks_about_the_first_max_transitions_in_game_order():
@@ -388,39 +387,6 @@ def test_stockfish_starts_pair_the_colours_and_the_default_plays_each_start_as_b
     n = ce.parse_args([])[1].sf_games
     assert n == 2 * len(starts)
     assert sorted((ce.stockfish_start(i), i % 2 == 0) for i in range(n)) == sorted((s, w) for s in starts for w in (True, False))
-
-
-def test_end_if_over_by_hand():
-    """Checkmate scores for the side that mated, from the player's colour; a threefold repetition is claimed as
-    a draw; the half-move cap is a draw at exactly max_plies half-moves."""
-    fools = chess.Board()
-    for uci in ("f2f3", "e7e5", "g2g4", "d8h4"):
-        fools.push_uci(uci)
-    for white, score in ((True, 0.0), (False, 1.0)):
-        game = {"white": white, "end": None, "score": None}
-        ce.end_if_over(fools, game, 200)
-        assert (game["end"], game["score"]) == ("checkmate", score)
-    shuffle = chess.Board()
-    for uci in ("g1f3", "g8f6", "f3g1", "f6g8") * 2:
-        shuffle.push_uci(uci)  # the start position for the third time
-    game = {"white": True, "end": None, "score": None}
-    ce.end_if_over(shuffle, game, 200)
-    assert (game["end"], game["score"]) == ("threefold_repetition", 0.5)
-    short = chess.Board()
-    for uci in ("e2e4", "e7e5", "g1f3"):
-        short.push_uci(uci)
-    game = {"white": False, "end": None, "score": None}
-    ce.end_if_over(short, game, 4)
-    assert game["end"] is None
-    ce.end_if_over(short, game, 3)
-    assert (game["end"], game["score"]) == ("max_plies", 0.5)
-
-
-def test_stockfish_values_by_hand():
-    games = [{"score": 1.0, "plies": 30}, {"score": 0.5, "plies": 200}, {"score": 0.0, "plies": 7}]
-    assert ce.stockfish_values(games) == {
-        "chess_sf_score": [1.0, 0.5, 0.0], "chess_sf_plies": [30.0, 200.0, 7.0],
-        "chess_sf_win": [1.0, 0.0, 0.0], "chess_sf_draw": [0.0, 1.0, 0.0], "chess_sf_loss": [0.0, 0.0, 1.0]}
 
 
 def test_items_of_name_what_each_value_is_about():

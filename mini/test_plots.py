@@ -130,7 +130,6 @@ def test_compare_bars_takes_evaluate_compare_rows(tmp_path):
     assert [b.get_height() for b in fig.axes[titles(fig).index("eval_reward")].containers[0]] == pytest.approx([-0.3, 1.0])
 
 
-
 def test_held_out_points_sit_at_their_steps_and_overlaid_runs_differ_in_colour():
     """Held-out metrics logged every 5 steps are drawn at steps 5, 10, 15, 20 (not at their index); the time
     panel stacks each phase at its step; overlaid runs get a colour each (C0, C1), the same in every panel."""

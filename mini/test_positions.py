@@ -20,6 +20,7 @@ from mini.formats import UCI, legal_ucis, policy_prompt, policy_sample, position
 from mini.positions import (HISTORY_BUCKETS, build_mates, engine_move, game_fens, game_style, game_transitions,
                             history_bucket, iter_positions, mating_moves, phase, play_game, random_env_sample)
 from mini.stockfish import find_stockfish
+from mini.test_games import ITALIAN_12, played
 
 ENDS = {"checkmate", "stalemate", "insufficient_material", "threefold_repetition", "fifty_moves",
         "fivefold_repetition", "seventyfive_moves", "resignation", "agreed_draw", "max_plies"}
@@ -137,15 +138,11 @@ def test_build_is_deterministic_and_excludes():
     assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
 
 
-ITALIAN_12 = "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3 g8f6 d2d4 e5d4 c3d4 c5b4".split()
 QGD_10 = "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6 c1g5 f8e7 e2e3 e8g8".split()  # Black castles
 
 
 def board_after(moves):
-    board = chess.Board()
-    for m in moves:
-        board.push_uci(m)
-    return board
+    return played(" ".join(moves))
 
 
 def test_generated_positions_carry_the_last_nine_moves_that_led_there_in_order(monkeypatch):

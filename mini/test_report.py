@@ -107,7 +107,6 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
 
 
-
 def test_chess_keys_are_held_out_and_flags_are_not_scalars():
     """chess_* (--eval_chess) goes to the eval/ section like eval_*, with no TRL name even per task; a bool (a flag
     in a row) is no scalar to chart; an int is."""

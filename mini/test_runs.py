@@ -264,7 +264,6 @@ def test_checkpoints_load_without_running_code(tiny, tmp_path, two_steps):
         RunDir(str(tmp_path), "r").saved_config()
 
 
-
 # ----------------------------------------------------------------------------- by hand, no training
 
 # settings that decide what a run computes (model, data, sampling, objective, optimiser, seed): a resume
@@ -335,8 +334,8 @@ def test_keep_last_0_keeps_every_checkpoint_and_n_keeps_the_n_newest(tmp_path):
 
 
 def test_cut_back_keeps_the_step_it_goes_on_from(tmp_path):
-    """cut_back(3): rows of steps 1-3 stay in both logs, checkpoints of steps 4 and 5 go, step 3's stays; so does
-    a stable.pt or recovery.pt of step 3 or before, and one of a later step goes."""
+    """cut_back(3): rows of steps 1-3 stay in both logs, checkpoints of steps 4 and 5 go, step 3's stays; so do
+    a stable.pt and a recovery.pt of step 3 or before (of later steps: the next test)."""
     run = RunDir(str(tmp_path), "c")
     os.makedirs(run.path)
     for step in (2, 3, 4, 5):
@@ -357,8 +356,9 @@ def test_cut_back_keeps_the_step_it_goes_on_from(tmp_path):
 
 def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tmp_path):
     """A run at step 6 with its best evaluation there (stable.pt) and a recovery.pt of step 5 goes back to step 3
-    (--resume_from_checkpoint step_000003.pt): both are of the abandoned branch, so they go with step 6's
-    checkpoint, and a later --auto_resume goes on from step 3, not from 6 on top of the new branch's logs."""
+    (--resume_from_checkpoint step_000003.pt): both are of the abandoned branch, so a later --auto_resume goes
+    on from step 3, not from 6 on top of the new branch's logs. The recovery.pt goes with step 6's checkpoint;
+    the best model is kept, intact, in abandoned/."""
     run = RunDir(str(tmp_path), "c")
     os.makedirs(run.path)
     for step in (3, 6):
@@ -369,6 +369,7 @@ def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tm
     path, state = run.latest_valid_checkpoint()
     assert (os.path.basename(path), state["step"]) == ("step_000003.pt", 3)
     assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == ["step_000003.pt"]
+    assert load_checkpoint(run.checkpoint("abandoned/stable_step_000006.pt"))["step"] == 6
 
 
 def test_is_disk_full_by_hand():

@@ -238,7 +238,6 @@ def test_sft_data_never_holds_a_mate_in_one_position(tmp_path):
     assert {s.fen for s in data.batch(32)} == {pool[0].fen}
 
 
-
 def hand_lr_factor(s, steps, warmup, min_ratio=0.1):
     """lr_factor written out for decay_steps 0: linear warmup from the first update, then cosine to min_ratio."""
     if s < warmup:
