@@ -83,19 +83,28 @@ def play_games(tag, n, stockfish_path, workers, cache_dir=""):
     return games
 
 
-def game_positions(games, rng, n, exclude=frozenset()):
+def game_positions(games, rng, n, exclude=frozenset(), check_share=None):
     """n distinct positions (fen, history, phase) drawn uniformly over the plies of the games, none over
-    and none whose key is in exclude."""
+    and none whose key is in exclude. check_share: that share of the n drawn among the positions where the side
+    to move is in check, the rest among the others (a model that answers illegally in check sees more of them);
+    None: as they come in the games (8-9% in check). Fewer than n when the games hold too few."""
     seen, out = set(exclude), []
     candidates = [(fen, history) for moves, _ in games for fen, history, _ in game_transitions(moves)]
     rng.shuffle(candidates)
+    wanted = None if check_share is None else {True: round(n * check_share), False: n - round(n * check_share)}
     for fen, history in candidates:
         key = position_key(fen)
-        if key not in seen:
-            seen.add(key)
-            out.append((fen, history, phase(chess.Board(fen))))
-            if len(out) == n:
-                break
+        if key in seen:
+            continue
+        board = chess.Board(fen)
+        if wanted is not None:
+            if wanted[board.is_check()] == 0:
+                continue
+            wanted[board.is_check()] -= 1
+        seen.add(key)
+        out.append((fen, history, phase(board)))
+        if len(out) == n:
+            break
     return out
 
 
@@ -150,7 +159,11 @@ def build_from_games(a):
         held_out.add(position_key(fen))
     for fen, move, _ in eval_env:
         held_out |= record_keys(fen, move)
-    pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out)
+    pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out,
+                                    check_share=a.check_share)
+    if len(pool_positions) < a.pool:
+        print(f"annotate.py: the {a.games} games hold {len(pool_positions)} positions for a pool of {a.pool}"
+              + ("" if a.check_share is None else f" at --check_share {a.check_share}") + "; writing those")
     pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out, cut_rate=a.cut_rate,
                                 limit=a.transitions)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
@@ -208,7 +221,7 @@ def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
                checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),
-                       "cut_rate": between(0, 1)})  # else the slices below write other counts
+                       "cut_rate": between(0, 1), "check_share": between(0, 1)})  # else the slices below write other counts
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
@@ -231,6 +244,8 @@ def main(argv=None):
                    "uniformly (with --games; 0: every one)")
     p.add_argument("--cut_rate", type=float, default=0.25, help="share of the pool's A: transitions whose history is cut "
                    "to a random shorter length, as for a position handed over without its game (with --games)")
+    p.add_argument("--check_share", type=float, default=None, help="share of the pool's P: positions drawn among "
+                   "those where the side to move is in check (with --games; default: as they come, 8-9%%)")
     p.add_argument("--mates", action=Switch, default=False, help="instead of generated positions: --pool positions with a "
                    "mate in one (positions.build_mates, the generator of the mate-in-one test set, under --seed; none "
                    "held out), a training pool written to --pool_path, which it needs")

@@ -265,6 +265,25 @@ def test_game_positions_are_drawn_over_every_ply():
     assert [f for f, _, _ in got] != first and {f for f, _, _ in got} - set(first)
 
 
+CHECKS_10 = ["e2e4", "d7d5", "f1b5", "c7c6", "b5c6", "b8c6", "d1h5", "g8f6", "h5f7", "e8f7"]  # checks after plies 3, 5, 9
+
+
+def test_check_share_draws_that_share_of_positions_in_check():
+    """--check_share: round(n * share) of the n positions are in check and the rest are not, each distinct and
+    with its history; where the games hold too few in check, all of them and no more (n not reached)."""
+    games = HAND_GAMES + [(CHECKS_10, "max_plies")]
+    in_check = {position_key(board_after(CHECKS_10[:i]).fen()) for i in (3, 5, 9)}
+    assert all(board_after(CHECKS_10[:i]).is_check() for i in (3, 5, 9))
+    for n, share, checks in ((4, 0.5, 2), (6, 0.5, 3), (5, 0.0, 0), (2, 1.0, 2)):
+        got = game_positions(games, random.Random(1), n, check_share=share)
+        keys = [position_key(f) for f, _, _ in got]
+        assert len(got) == n and len(set(keys)) == n
+        assert sum(k in in_check for k in keys) == checks
+        assert all(chess.Board(f).is_check() == (position_key(f) in in_check) for f, _, _ in got)
+    got = game_positions(games, random.Random(1), 8, check_share=1.0)
+    assert {position_key(f) for f, _, _ in got} == in_check  # three in check is all there is
+
+
 class FakeEngine:
     """analyse() answers MultiPV lines for the first legal moves in UCI order, scored score(board, i) centipawns for
     the side to move."""
