@@ -165,9 +165,10 @@ class Config:
                                "output weight, chunk by chunk, the logits recomputed in backward: the (N, T, vocab) "
                                "logits never whole in memory (peak 1.14 against 1.87 GB on the CPU bench), but one "
                                "more matmul (1.5x the output layer's CPU time); off: the logits materialised")
-    shared_prefix_decode: bool = opt(True, "decode attention reads each group's prompt keys and values once, in one "
-                                     "masked attention with its rows' completions, and the completion columns only "
-                                     "as far as written (off: a copy of the prompt per row, every column read)")
+    shared_prefix_decode: bool | None = opt(None, "decode attention reads each group's prompt keys and values once, in "
+                                            "one masked attention with its rows' completions, and the completion "
+                                            "columns only as far as written (off: a copy of the prompt per row, every "
+                                            "column read) (default: on on the CPU, off on CUDA, the faster on each)")
     grad_checkpointing: bool = opt(False, "recompute activations in the backward pass")
     auto_batch_size: bool = opt(False, "on CUDA, probe growing batch sizes and keep the largest that fits")
     memory_fraction: float = opt(0.85, "peak memory target of --auto_batch_size, as a fraction of the device",

@@ -1,6 +1,6 @@
 """
 The command line of Config: flags generated from its fields (grouped by topic in --help, booleans as
---name / --no_name), and every check that runs on them before a model loads: values, combinations, the
+--name / --no_name, also those that default to None: set by the device unless given), and every check that runs on them before a model loads: values, combinations, the
 device, the files they name. A bad flag exits with code 2 and one sentence.
 """
 import argparse
@@ -157,7 +157,7 @@ def add_config_flags(parser, script):
         group = parser.add_argument_group(SECTIONS[name]) if name in SECTIONS else group
         if script not in f.metadata["scripts"]:
             continue
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or f.default is None:  # None: on or off by the device, decided later
             group.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
                                 help=f.metadata["help"])
         else:

@@ -13,8 +13,8 @@
 #   test   the CUDA tests (pytest -k cuda: names or @pytest.mark.cuda), then the fast suite without the slow
 #          learning test and this script's own test (test files that need hypothesis are left out without it)
 #   bench  mini/bench.py step at the 124M config, 64 prompts x 16, 64 tokens, micro-batch 128, bf16: ours vs
-#          transformers' generate vs TRL's GRPOTrainer (bench.json); with the per-row decode cache instead of the
-#          shared prefix (bench_per_row.json); with --compile_decode --compile (bench_compiled.json); and
+#          transformers' generate vs TRL's GRPOTrainer (bench.json); with the shared-prefix decode cache (the
+#          CPU's default; CUDA's is a copy per row) (bench_shared_prefix.json); with --compile_decode --compile (bench_compiled.json); and
 #          --auto_batch_size, the batch size it picks and its speed (bench_auto.json)
 #   train  SFT of a 124M GPT-2 from scratch for SFT_MIN minutes (the hub is out of reach), then GRPO_STEPS GRPO
 #          steps of GRPO_BATCH prompts x GRPO_K from it, peak memory per step in grpo/metrics.jsonl
@@ -122,9 +122,9 @@ stage_bench() {
   echo "== bench: ours vs transformers vs TRL"
   py -m mini.bench step "${size[@]}" --json "$OUT/bench.json" || fail=1
   export_figures
-  echo "== bench --no_shared_prefix_decode: a copy of the prompt per row (fewer kernels a token, more bytes)"
-  py -m mini.bench step "${size[@]}" --no_shared_prefix_decode --no_transformers --no_trl \
-    --json "$OUT/bench_per_row.json" || fail=1
+  echo "== bench --shared_prefix_decode: each group's prompt once (fewer bytes, more kernels a token; the CPU's default)"
+  py -m mini.bench step "${size[@]}" --shared_prefix_decode --no_transformers --no_trl \
+    --json "$OUT/bench_shared_prefix.json" || fail=1
   export_figures
   if ((SMOKE)); then
     echo "== bench --compile_decode: left out of --cpu-smoke (compilation takes minutes on a CPU)"
@@ -205,7 +205,7 @@ def failed(name):
 
 
 rows = []
-b, c, auto, per_row = (load(f"bench{x}.json") for x in ("", "_compiled", "_auto", "_per_row"))
+b, c, auto, shared = (load(f"bench{x}.json") for x in ("", "_compiled", "_auto", "_shared_prefix"))
 if b:
     trl, hf = b.get("trl_completions_s"), b.get("hf_rollout_tok_s")
     compiled = lambda text: f" ({text} compiled decode)" if c and text else ""
@@ -232,10 +232,10 @@ if b:
         ("peak memory", f"ours {b['peak_mem_mb'] / 1024:.2f} GiB"
                         + (f", TRL {b['trl_peak_mem_mb'] / 1024:.2f} GiB" if b.get("trl_peak_mem_mb") else "")),
     ]
-if b and per_row:
-    rows.append(("per-row decode cache (shared prefix off)", f"{num(per_row['completions_s'])} completions/s, "
-                 f"rollout {num(per_row['rollout_tok_s'], '{:.0f}')} tokens/s, generate {per_row['seconds']['generate']:.2f} s "
-                 f"(shared prefix: {b['seconds']['generate']:.2f} s)"))
+if b and shared:
+    rows.append(("shared-prefix decode cache", f"{num(shared['completions_s'])} completions/s, "
+                 f"rollout {num(shared['rollout_tok_s'], '{:.0f}')} tokens/s, generate {shared['seconds']['generate']:.2f} s "
+                 f"(the device's default: {b['seconds']['generate']:.2f} s)"))
 if auto:
     rows.append(("auto_batch_size", f"{auto['prompts']} prompts x {auto['k']}: {auto['completions_s']:.1f} "
                                     f"completions/s, peak {auto['peak_mem_mb'] / 1024:.2f} GiB"))

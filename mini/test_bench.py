@@ -39,7 +39,7 @@ def test_speedrun_cpu_smoke_runs_every_stage_and_prints_the_table(smoke):
         assert (out / f"{stage}.log").exists()
     table = proc.stdout[proc.stdout.index("== speedrun summary"):]
     for row in ("completions/s ours", "rollout ours / transformers", "training phase", "decode bandwidth",
-                "auto_batch_size", "per-row decode cache (shared prefix off)", "GRPO peak memory, step 1 vs 2",
+                "auto_batch_size", "shared-prefix decode cache", "GRPO peak memory, step 1 vs 2",
                 "eval_reward, before -> after",
                 "1-GPU torchrun vs plain", "completions/s plain vs DDP-wrapped"):
         assert row in table, row

@@ -208,7 +208,7 @@ def test_sampling_flags_reach_generate(shared, monkeypatch):
     seen = []
     real = train.generate
 
-    def generate(model, prompts, max_new_tokens, temperature, top_k, eos, compile_decode=False, shared_prefix=True):
+    def generate(model, prompts, max_new_tokens, temperature, top_k, eos, compile_decode=False, shared_prefix=None):
         seen.append((len(prompts), max_new_tokens, temperature, top_k, compile_decode, shared_prefix))
         return real(model, prompts, max_new_tokens, temperature, top_k, eos)
     monkeypatch.setattr(train, "generate", generate)
@@ -220,6 +220,13 @@ def test_sampling_flags_reach_generate(shared, monkeypatch):
     assert seen == [(9, 5, 0.9, 3, True, False)]
     assert [s.prompt for s in r.samples[::3]] == [s.prompt for s in r.samples[2::3]]  # groups of 3, contiguous
     assert all(len(c) <= 5 for c in r.completions)
+
+
+def test_a_switch_that_defaults_to_none_is_left_to_the_device_unless_given():
+    """--shared_prefix_decode defaults to None (generate picks by the device); either flag sets it."""
+    assert Config().shared_prefix_decode is None
+    for argv, want in (([], None), (["--shared_prefix_decode"], True), (["--no_shared_prefix_decode"], False)):
+        assert parse_args(argv).shared_prefix_decode is want
 
 
 @pytest.mark.parametrize("scale, want", [

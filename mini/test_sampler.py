@@ -13,7 +13,7 @@ import torch
 from mini.model import GPT, GPTConfig
 import torch.nn.functional as F
 
-from mini.sampler import KVCache, SharedPrefixCache, _caches, decode_step, generate, pad_left, sample_next
+from mini.sampler import KVCache, SharedPrefixCache, _caches, decode_step, generate, pad_left, sample_next, shares_prefix
 from mini.test_model import hf_and_ours, left_padded
 
 
@@ -107,6 +107,23 @@ def test_dropping_finished_rows_keeps_every_rows_tokens(shared_prefix, monkeypat
     for (_, a), (_, b) in zip(dropped, full):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)  # fp32 log-probs
     assert len({len(t) for t, _ in full}) > 5 and max(len(t) for t, _ in full) > 16  # stops spread over the call
+
+
+def test_the_decode_cache_left_to_the_device_is_shared_on_the_cpu_and_per_row_on_cuda(monkeypatch):
+    """shared_prefix=None (the Config's default): a shared prefix on the CPU, a copy per row on CUDA (the faster on
+    each, README "Speed"); True and False are kept on both. generate on the CPU builds the cache so chosen."""
+    for device in ("cpu", torch.device("cpu"), "cuda", "cuda:1", torch.device("cuda", 0)):
+        on_cuda = torch.device(device).type == "cuda"
+        assert shares_prefix(None, device) is (not on_cuda)
+        assert shares_prefix(True, device) is True and shares_prefix(False, device) is False
+    built = []
+    for cache in (SharedPrefixCache, KVCache):
+        init = cache.__init__
+        monkeypatch.setattr(cache, "__init__", lambda self, *a, _c=cache, _i=init: (built.append(_c), _i(self, *a))[1])
+    for setting, decode in ((None, SharedPrefixCache), (True, SharedPrefixCache), (False, KVCache)):
+        built.clear()
+        generate(fp64_model(std=0.1), [[1, 2, 3]] * 4, 3, 0.9, eos_id=96, shared_prefix=setting)
+        assert built == [KVCache, decode]  # the prefill's cache, then the decode's
 
 
 def test_sample_next_gives_the_tokens_of_the_fp32_copy_sampler():
