@@ -28,7 +28,7 @@ from mini.flags import Parser, Switch
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model
-from mini.positions import history_bucket, phase, random_env_sample
+from mini.positions import history_bucket, king_constraint, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
 from mini.sampler import generate
@@ -80,6 +80,8 @@ def policy_values(s, completion):
     board = chess.Board(s.fen)
     out.append((f"best_legal_{phase(board)}", best in legal))
     out.append(("best_legal_in_check" if board.is_check() else "best_legal_not_in_check", best in legal))
+    if not board.is_check():  # out of check, by what the king's safety forbids there
+        out.append((f"best_legal_{king_constraint(board)}", best in legal))
     if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
         out.append(("best_acc_pv1_legal", best == pv1))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):

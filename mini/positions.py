@@ -211,6 +211,18 @@ def phase(board):
     return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
 
 
+def king_constraint(board):
+    """What the safety of the side to move's king forbids: "check" (it is in check), "pin" (a move of another
+    piece that would expose it), "king_square" (only king steps onto, or castling through, attacked squares)
+    or "unconstrained" (every pseudo-legal move is legal). The policy's illegal answers gather in the first three."""
+    if board.is_check():
+        return "check"
+    forbidden = [m for m in board.pseudo_legal_moves if not board.is_legal(m)]
+    if any(m.from_square != board.king(board.turn) for m in forbidden):
+        return "pin"
+    return "king_square" if forbidden else "unconstrained"
+
+
 def mating_moves(board):
     """Every move that checkmates, sorted UCI."""
     out = []

@@ -18,7 +18,7 @@ import mini.evaluate as ev
 from mini.formats import env_sample, legal_ucis, parse_line, policy_sample, repad
 from mini.loader import save_model
 from mini.model import GPT, GPTConfig
-from mini.positions import history_bucket, phase
+from mini.positions import history_bucket, king_constraint, phase
 from mini.reward_scorer import GRADUATED, EngineReward, score
 from mini.stockfish import find_stockfish
 from mini.test_formats import A_LINES, P_LINES
@@ -56,6 +56,8 @@ def test_labels_score_full_marks(held_out, monkeypatch):
     names |= {f"eval_P_best_legal_{phase(chess.Board(s.fen))}" for s in held_out if s.task == "P"}
     names |= {f"eval_P_best_legal_{'' if chess.Board(s.fen).is_check() else 'not_'}in_check"
               for s in held_out if s.task == "P"}
+    names |= {f"eval_P_best_legal_{king_constraint(chess.Board(s.fen))}" for s in held_out
+              if s.task == "P" and not chess.Board(s.fen).is_check()}
     names |= {f"eval_A_next_state_exact_h{history_bucket(len(s.history))}" for s in held_out if s.task == "A"}
     names |= {f"eval_A_{k}" for k in ("invalid", "next_state_exact", "levenshtein", "reward_exact", "reward_mae",
                                       "terminated_acc", "truncated_acc")}
@@ -83,6 +85,13 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     check = policy_sample("rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4", ["c2c3"], [0.07])
     in_check = ev.per_sample_values([check, check], [" M: d4e5 E: 0.1 B: d4e5", " M: c2c3 E: 0.1 B: c2c3"])
     assert in_check["eval_P_best_legal_in_check"] == [0.0, 1.0] and "eval_P_best_legal_not_in_check" not in in_check
+    assert sorted(k for k in in_check if k.startswith("eval_P_best_legal")) == [  # no king-safety class in check
+        "eval_P_best_legal", "eval_P_best_legal_in_check", "eval_P_best_legal_opening"]
+    # the knight on e2 is pinned by the rook on e8: its move is illegal, the king's step legal
+    pin = policy_sample("k3r3/8/8/8/8/8/4N3/4K3 w - - 0 1", ["e1d1"], [0.0])
+    pinned = ev.per_sample_values([pin, pin], [" M: e2c3 E: 0.1 B: e2c3", " M: e1d1 E: 0.1 B: e1d1"])
+    assert pinned["eval_P_best_legal_pin"] == [0.0, 1.0] and pinned["eval_P_best_legal_not_in_check"] == [0.0, 1.0]
+    assert v["eval_P_best_legal_unconstrained"] == [1.0, 0.0] and "eval_P_best_legal_pin" not in v
     assert v["eval_P_best_acc_pv1_legal"] == [0.0]  # one legal answer, not PV1; the illegal one is not counted
     assert v["eval_A_next_state_exact_h1-2"] == [1.0, 0.0] and v["eval_A_next_state_exact_h3-5"] == [1.0]
     assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]

@@ -18,7 +18,8 @@ from mini.config import MATE_PATH
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import UCI, legal_ucis, policy_prompt, policy_sample, position_key
 from mini.positions import (HISTORY_BUCKETS, build_mates, engine_move, game_fens, game_style, game_transitions,
-                            history_bucket, iter_positions, mating_moves, phase, play_game, random_env_sample)
+                            history_bucket, iter_positions, king_constraint, mating_moves, phase, play_game,
+                            random_env_sample)
 from mini.stockfish import find_stockfish
 from mini.test_games import ITALIAN_12, played
 
@@ -204,6 +205,17 @@ def board_after_move(board, move):
     after = board.copy(stack=False)
     after.push(move)
     return after
+
+
+@pytest.mark.parametrize("fen, want", [
+    (chess.STARTING_FEN, "unconstrained"),
+    ("k7/8/8/8/8/8/8/r3K3 w - - 0 1", "check"),  # the rook on a1 gives check along the first rank
+    ("k3r3/8/8/8/8/8/4N3/4K3 w - - 0 1", "pin"),  # the knight shields the king from the rook on e8
+    ("k7/8/8/8/8/8/3r4/5K2 w - - 0 1", "king_square"),  # the rook holds e2, f2, g2; the king may go to e1 or g1
+    ("k7/8/8/8/8/8/3r4/5K2 b - - 0 1", "unconstrained"),  # the same board, Black to move
+])
+def test_king_constraint_names_what_the_kings_safety_forbids(fen, want):
+    assert king_constraint(chess.Board(fen)) == want
 
 
 def test_phase_boundaries():
