@@ -25,7 +25,7 @@ from mini.flags import Parser, Switch
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, build_mates, game_fens, game_transitions, history_bucket, iter_positions,
-                            phase, play_game, random_env_sample)
+                            king_constraint, phase, play_game, random_env_sample)
 from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
                             find_stockfish, open_engine, read_jsonl)
 
@@ -196,8 +196,9 @@ def build_mate_pool(a):
 
 
 def describe(path):
-    """The distributions of a data file, as lines: move number, pieces on the board, phase and the share in
-    check of its P: positions; history length of its A: transitions (the move included)."""
+    """The distributions of a data file, as lines: move number, pieces on the board, phase, the share in check
+    and what the king's safety forbids (positions.king_constraint) of its P: positions; history length of its
+    A: transitions (the move included)."""
     samples = load_jsonl(path)
     boards = [chess.Board(s.fen) for s in samples if s.task == "P"]
     lines = [f"{path}: {len(boards)} P: positions, {len(samples) - len(boards)} A: transitions"]
@@ -210,6 +211,9 @@ def describe(path):
         lines.append("  phase        " + ", ".join(f"{k} {100 * phases[k] / len(boards):.0f}%"
                                                     for k in ("opening", "middlegame", "endgame")))
         lines.append(f"  in check     {100 * sum(b.is_check() for b in boards) / len(boards):.1f}%")
+        safety = Counter(king_constraint(b) for b in boards)
+        lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%"
+                                                  for k in ("check", "pin", "king_square", "unconstrained")))
     env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
     if env:
         lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(

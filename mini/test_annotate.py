@@ -198,7 +198,8 @@ def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeyp
 
 
 def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
-    """Hand-computed over 4 P: positions (move numbers 1, 4, 18, 60; pieces 32, 32, 26, 3; one in check) and 4 A:
+    """Hand-computed over 4 P: positions (move numbers 1, 4, 18, 60; pieces 32, 32, 26, 3; one in check, one whose
+    king may not step onto d7 or e7, held by the c6 pawn and the c5 bishop) and 4 A:
     transitions with histories of 2, 3, 5 and 6 half-moves (the buckets' edges); percentiles interpolate
     linearly (numpy's default)."""
     fens = [chess.STARTING_FEN, "rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4",  # a bishop checks
@@ -215,6 +216,7 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
         "  pieces       p10 / p50 / p90: 10 / 29 / 32",  # 3 + 0.3 * 23 = 9.9; (26 + 32) / 2; 32
         "  phase        opening 50%, middlegame 25%, endgame 25%",
         "  in check     25.0%",
+        "  king safety  check 25%, pin 0%, king_square 25%, unconstrained 50%",
         "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
 
 
