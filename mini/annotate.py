@@ -98,9 +98,10 @@ def game_positions(games, rng, n, exclude=frozenset(), check_share=None):
             continue
         board = chess.Board(fen)
         if wanted is not None:
-            if wanted[board.is_check()] == 0:
+            in_check = board.is_check()
+            if wanted[in_check] == 0:
                 continue
-            wanted[board.is_check()] -= 1
+            wanted[in_check] -= 1
         seen.add(key)
         out.append((fen, history, phase(board)))
         if len(out) == n:
@@ -210,8 +211,8 @@ def describe(path):
         phases = Counter(phase(b) for b in boards)
         lines.append("  phase        " + ", ".join(f"{k} {100 * phases[k] / len(boards):.0f}%"
                                                     for k in ("opening", "middlegame", "endgame")))
-        lines.append(f"  in check     {100 * sum(b.is_check() for b in boards) / len(boards):.1f}%")
         safety = Counter(king_constraint(b) for b in boards)
+        lines.append(f"  in check     {100 * safety['check'] / len(boards):.1f}%")
         lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%"
                                                   for k in ("check", "pin", "king_square", "unconstrained")))
     env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")

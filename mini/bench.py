@@ -165,7 +165,8 @@ def ours(a, cfg, device):
     b = 2 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else 4  # bytes per weight and cached value
     kv = 2 * c.n_layer * c.n_embd * b  # bytes of one cached column of one row
     decode_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens / 2)  # the ideal decoder's
-    if shares_prefix(cfg.shared_prefix_decode, device):  # as read: each group's prompt once, each row's completion in width buckets
+    # as read: each group's prompt once, each row's completion in width buckets
+    if shares_prefix(cfg.shared_prefix_decode, device):
         width = statistics.mean(round_up(t + 1, WIDTH_BUCKET) for t in range(a.new_tokens - 1))
         read_bytes = b * model.num_params() + kv * (prompt_tokens / a.k + n * width)
     else:  # as read: every row's copy of its prompt and every preallocated column

@@ -79,9 +79,10 @@ def policy_values(s, completion):
     out += [(f"illegal_{k}", kind == k) for k in ILLEGAL_KINDS]
     board = chess.Board(s.fen)
     out.append((f"best_legal_{phase(board)}", best in legal))
-    out.append(("best_legal_in_check" if board.is_check() else "best_legal_not_in_check", best in legal))
-    if not board.is_check():  # out of check, by what the king's safety forbids there
-        out.append((f"best_legal_{king_constraint(board)}", best in legal))
+    constraint = king_constraint(board)
+    out.append(("best_legal_in_check" if constraint == "check" else "best_legal_not_in_check", best in legal))
+    if constraint != "check":  # out of check, by what the king's safety forbids there
+        out.append((f"best_legal_{constraint}", best in legal))
     if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
         out.append(("best_acc_pv1_legal", best == pv1))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):

@@ -1,7 +1,8 @@
 """
 The command line of Config: flags generated from its fields (grouped by topic in --help, booleans as
---name / --no_name, also those that default to None: set by the device unless given), and every check that runs on them before a model loads: values, combinations, the
-device, the files they name. A bad flag exits with code 2 and one sentence.
+--name / --no_name, also those that default to None: set by the device unless given), and every check that
+runs on them before a model loads: values, combinations, the device, the files they name. A bad flag exits
+with code 2 and one sentence.
 """
 import argparse
 import math

@@ -168,13 +168,17 @@ def test_every_range_holds_its_edges_and_refuses_one_step_beyond(capsys, script,
 
 
 def test_no_flags_is_the_dataclass_and_switches_and_numbers_keep_their_types():
-    """The CLI's defaults are Config's (one place); --name/--no_name set booleans; float flags are floats."""
+    """The CLI's defaults are Config's (one place); --name/--no_name set booleans, and a switch that defaults to
+    None (--shared_prefix_decode: generate picks by the device) stays None unless given; float flags are floats."""
     for script in ("train", "sft"):
         assert parse_args([], script=script) == Config()
     cfg = parse_args(["--no_bf16", "--bf16_cpu", "--no_skip_bad_lines", "--adaptive_kl", "--lr", "1", "--steps", "7"])
     assert (cfg.bf16, cfg.bf16_cpu, cfg.skip_bad_lines, cfg.adaptive_kl) == (False, True, False, True)
     assert type(cfg.lr) is float and cfg.lr == 1.0 and type(cfg.steps) is int and cfg.steps == 7
     assert parse_args(["--no_adaptive_kl", "--adaptive_kl"]).adaptive_kl is True  # the last one given wins
+    assert Config().shared_prefix_decode is None
+    for argv, want in (([], None), (["--shared_prefix_decode"], True), (["--no_shared_prefix_decode"], False)):
+        assert parse_args(argv).shared_prefix_decode is want
 
 
 def test_edges_of_the_combination_checks_pass(monkeypatch):

@@ -222,13 +222,6 @@ def test_sampling_flags_reach_generate(shared, monkeypatch):
     assert all(len(c) <= 5 for c in r.completions)
 
 
-def test_a_switch_that_defaults_to_none_is_left_to_the_device_unless_given():
-    """--shared_prefix_decode defaults to None (generate picks by the device); either flag sets it."""
-    assert Config().shared_prefix_decode is None
-    for argv, want in (([], None), (["--shared_prefix_decode"], True), (["--no_shared_prefix_decode"], False)):
-        assert parse_args(argv).shared_prefix_decode is want
-
-
 @pytest.mark.parametrize("scale, want", [
     # rewards (0, 1 | 0.25, 0.5), groups of 2: Bessel variances 0.5^2 + 0.5^2 = 0.5 and 0.125^2 + 0.125^2 = 0.03125;
     # the batch's: mean 0.4375, sum of squares 0.19141 + 0.31641 + 0.03516 + 0.00391 = 0.546875, / 3 -> 0.42696
