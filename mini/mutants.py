@@ -317,7 +317,7 @@ MUTANTS = [
     Mutant("engine_in_callers_group", "a SIGTERM to the caller's process group kills its Stockfish engines",
            "stockfish.py", ", setpgrp=True)", ")", ("mini/test_engine_reward.py::test_dead_engine_is_restarted",)),
     Mutant("in_check_by_phase", "the in-check breakdown splits on the phase instead of on check",
-           "evaluate.py", 'if board.is_check() else "best_legal_not_in_check"',
+           "evaluate.py", 'if constraint == "check" else "best_legal_not_in_check"',
            'if phase(board) == "endgame" else "best_legal_not_in_check"', ("mini/test_evaluate.py",)),
     Mutant("env_history_nine", "an A: prompt on a position keeps 9 half-moves with its own move, not 10",
            "positions.py", "(list(history) + [move])[-10:]", "(list(history) + [move])[-9:]", (GAMES,)),
