@@ -5,6 +5,7 @@
 A quick search screens out most lopsided positions (beyond --max_eval pawns one in four is kept); the rest get
 Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes where it stopped.
 """
+import argparse
 import itertools
 import json
 import os
@@ -24,8 +25,8 @@ from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least, 
 from mini.flags import Parser, Switch
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
-from mini.positions import (HISTORY_BUCKETS, build_mates, game_fens, game_transitions, history_bucket, iter_positions,
-                            king_constraint, phase, play_game, random_env_sample)
+from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
+                            iter_positions, king_constraint, phase, play_game, random_env_sample)
 from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
                             find_stockfish, open_engine, read_jsonl)
 
@@ -83,25 +84,30 @@ def play_games(tag, n, stockfish_path, workers, cache_dir=""):
     return games
 
 
-def game_positions(games, rng, n, exclude=frozenset(), check_share=None):
+def game_positions(games, rng, n, exclude=frozenset(), king_shares=None):
     """n distinct positions (fen, history, phase) drawn uniformly over the plies of the games, none over
-    and none whose key is in exclude. check_share: that share of the n drawn among the positions where the side
-    to move is in check, the rest among the others (a model that answers illegally in check sees more of them);
-    None: as they come in the games (8-9% in check). Fewer than n when the games hold too few."""
+    and none whose key is in exclude. king_shares: {class: share} over positions.king_constraint's classes, that
+    share of the n drawn among the positions of each class named, the rest among those of the classes not named
+    (the model answers illegally most where its king's safety forbids moves); None: as they come in the games
+    (8-9% in check, 37% king_square). Fewer than n when the games hold too few."""
     seen, out = set(exclude), []
     candidates = [(fen, history) for moves, _ in games for fen, history, _ in game_transitions(moves)]
     rng.shuffle(candidates)
-    wanted = None if check_share is None else {True: round(n * check_share), False: n - round(n * check_share)}
+    wanted = None
+    if king_shares is not None:
+        wanted = {k: round(n * share) for k, share in king_shares.items()}
+        wanted[None] = n - sum(wanted.values())  # None: every class not named
     for fen, history in candidates:
         key = position_key(fen)
         if key in seen:
             continue
         board = chess.Board(fen)
         if wanted is not None:
-            in_check = board.is_check()
-            if wanted[in_check] == 0:
+            constraint = king_constraint(board)
+            drawn = constraint if constraint in wanted else None
+            if wanted[drawn] == 0:
                 continue
-            wanted[in_check] -= 1
+            wanted[drawn] -= 1
         seen.add(key)
         out.append((fen, history, phase(board)))
         if len(out) == n:
@@ -161,10 +167,10 @@ def build_from_games(a):
     for fen, move, _ in eval_env:
         held_out |= record_keys(fen, move)
     pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out,
-                                    check_share=a.check_share)
+                                    king_shares=a.king_shares)
     if len(pool_positions) < a.pool:
         print(f"annotate.py: the {a.games} games hold {len(pool_positions)} positions for a pool of {a.pool}"
-              + ("" if a.check_share is None else f" at --check_share {a.check_share}") + "; writing those")
+              + ("" if a.king_shares is None else " at --king_shares " + ",".join(f"{k}={v}" for k, v in a.king_shares.items())) + "; writing those")
     pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out, cut_rate=a.cut_rate,
                                 limit=a.transitions)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
@@ -213,8 +219,7 @@ def describe(path):
                                                     for k in ("opening", "middlegame", "endgame")))
         safety = Counter(king_constraint(b) for b in boards)
         lines.append(f"  in check     {100 * safety['check'] / len(boards):.1f}%")
-        lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%"
-                                                  for k in ("check", "pin", "king_square", "unconstrained")))
+        lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%" for k in KING_CONSTRAINTS))
     env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
     if env:
         lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(
@@ -222,11 +227,31 @@ def describe(path):
     return lines
 
 
+def king_shares(text):
+    """--king_shares "check=0.2,king_square=0.5" as {"check": 0.2, "king_square": 0.5}: known classes, each
+    share in [0, 1], their sum at most 1."""
+    out = {}
+    for part in text.split(","):
+        name, _, share = part.partition("=")
+        if name.strip() not in KING_CONSTRAINTS:
+            raise argparse.ArgumentTypeError(f"{name.strip()!r} is not a class of positions.king_constraint; "
+                                             f"name some of {', '.join(KING_CONSTRAINTS)}, as in check=0.4")
+        try:
+            out[name.strip()] = float(share)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} needs a share after '=', as in check=0.4") from None
+        if not 0 <= out[name.strip()] <= 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: a share is between 0 and 1")
+    if sum(out.values()) > 1 + 1e-9:
+        raise argparse.ArgumentTypeError(f"the shares of {text!r} add up to {sum(out.values()):g}; at most 1")
+    return out
+
+
 def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
                checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),
-                       "cut_rate": between(0, 1), "check_share": between(0, 1)})  # else the slices below write other counts
+                       "cut_rate": between(0, 1)})  # else the slices below write other counts
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
@@ -249,8 +274,10 @@ def main(argv=None):
                    "uniformly (with --games; 0: every one)")
     p.add_argument("--cut_rate", type=float, default=0.25, help="share of the pool's A: transitions whose history is cut "
                    "to a random shorter length, as for a position handed over without its game (with --games)")
-    p.add_argument("--check_share", type=float, default=None, help="share of the pool's P: positions drawn among "
-                   "those where the side to move is in check (with --games; default: as they come, 8-9%%)")
+    p.add_argument("--king_shares", type=king_shares, default=None, metavar="CLASS=SHARE,...",
+                   help="shares of the pool's P: positions drawn by what the king's safety forbids (positions."
+                   "king_constraint: check, pin, king_square, unconstrained), the rest among the classes not named, "
+                   "e.g. check=0.4 (with --games; default: as they come, 9%% check, 5%% pin, 37%% king_square)")
     p.add_argument("--mates", action=Switch, default=False, help="instead of generated positions: --pool positions with a "
                    "mate in one (positions.build_mates, the generator of the mate-in-one test set, under --seed; none "
                    "held out), a training pool written to --pool_path, which it needs")

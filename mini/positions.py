@@ -211,6 +211,9 @@ def phase(board):
     return "opening" if board.ply() <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame"
 
 
+KING_CONSTRAINTS = ("check", "pin", "king_square", "unconstrained")  # king_constraint's classes, most forbidding first
+
+
 def king_constraint(board):
     """What the safety of the side to move's king forbids: "check" (it is in check), "pin" (a move of another
     piece that would expose it), "king_square" (only king steps onto, or castling through, attacked squares)

@@ -280,20 +280,40 @@ def test_game_positions_are_drawn_over_every_ply():
 CHECKS_10 = ["e2e4", "d7d5", "f1b5", "c7c6", "b5c6", "b8c6", "d1h5", "g8f6", "h5f7", "e8f7"]  # checks after plies 3, 5, 9
 
 
-def test_check_share_draws_that_share_of_positions_in_check():
-    """--check_share: round(n * share) of the n positions are in check and the rest are not, each distinct and
-    with its history; where the games hold too few in check, all of them and no more (n not reached)."""
-    games = HAND_GAMES + [(CHECKS_10, "max_plies")]
+BISHOP_H6_10 = ["d2d4", "g7g6", "g2g4", "f8h6", "d1d3", "a7a6", "e2e4", "f7f6", "h2h3", "a6a5"]  # Bh6 covers d2: Ke1-d2 forbidden after plies 4, 6, 8
+
+
+def test_king_shares_draw_those_shares_by_what_the_kings_safety_forbids():
+    """--king_shares: round(n * share) of the n positions of each class named, the rest among the classes not
+    named, each distinct; where the games hold too few of a class, all of them and no more (n not reached)."""
+    games = HAND_GAMES + [(CHECKS_10, "max_plies"), (BISHOP_H6_10, "max_plies")]
     in_check = {position_key(board_after(CHECKS_10[:i]).fen()) for i in (3, 5, 9)}
+    king_square = {position_key(board_after(BISHOP_H6_10[:i]).fen()) for i in (4, 6, 8)}
     assert all(board_after(CHECKS_10[:i]).is_check() for i in (3, 5, 9))
-    for n, share, checks in ((4, 0.5, 2), (6, 0.5, 3), (5, 0.0, 0), (2, 1.0, 2)):
-        got = game_positions(games, random.Random(1), n, check_share=share)
+    assert all(king_constraint(board_after(BISHOP_H6_10[:i])) == "king_square" for i in (4, 6, 8))
+    for n, shares, checks, squares in ((4, {"check": 0.5}, 2, None), (6, {"check": 0.5}, 3, None),
+                                       (5, {"check": 0.0}, 0, None), (2, {"check": 1.0}, 2, 0),
+                                       (4, {"check": 0.25, "king_square": 0.5}, 1, 2),
+                                       (4, {"king_square": 0.25, "unconstrained": 0.75}, 0, 1)):
+        got = game_positions(games, random.Random(1), n, king_shares=shares)
         keys = [position_key(f) for f, _, _ in got]
         assert len(got) == n and len(set(keys)) == n
         assert sum(k in in_check for k in keys) == checks
+        if squares is not None:
+            assert sum(k in king_square for k in keys) == squares
         assert all(chess.Board(f).is_check() == (position_key(f) in in_check) for f, _, _ in got)
-    got = game_positions(games, random.Random(1), 8, check_share=1.0)
+    got = game_positions(games, random.Random(1), 8, king_shares={"check": 1.0})
     assert {position_key(f) for f, _, _ in got} == in_check  # three in check is all there is
+    got = game_positions(games, random.Random(1), 8, king_shares={"king_square": 0.5})
+    assert len(got) == 7 and king_square <= {position_key(f) for f, _, _ in got}  # 3 of the 4 wanted, 4 others
+
+
+@pytest.mark.parametrize("text, says", [("checks=0.4", "not a class"), ("check=x", "needs a share"),
+                                        ("check=1.5", "between 0 and 1"), ("check=0.6,pin=0.5", "add up to 1.1")])
+def test_king_shares_flag_says_what_is_wrong(text, says, capsys):
+    with pytest.raises(SystemExit):
+        annotate_main(["--games", "1", "--king_shares", text])
+    assert says in capsys.readouterr().err
 
 
 class FakeEngine:
