@@ -288,6 +288,10 @@ def main(argv=None):
             print("\n".join(describe(path)))
         return
     a.argv = sys.argv[1:] if argv is None else argv
+    games_only = [f"--{k}" for k in ("eval_games", "eval_transitions", "transitions", "cut_rate", "king_shares")
+                  if getattr(a, k) != p.get_default(k)]
+    if games_only and not a.games:
+        p.error(f"{', '.join(games_only)} draw from played games: give --games N too, or leave them out")
     if a.mates:
         if not a.pool_path or a.games:
             p.error("--mates writes a training pool of its own: give it --pool_path PATH, and no --games")

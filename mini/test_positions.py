@@ -308,11 +308,13 @@ def test_king_shares_draw_those_shares_by_what_the_kings_safety_forbids():
     assert len(got) == 7 and king_square <= {position_key(f) for f, _, _ in got}  # 3 of the 4 wanted, 4 others
 
 
-@pytest.mark.parametrize("text, says", [("checks=0.4", "not a class"), ("check=x", "needs a share"),
-                                        ("check=1.5", "between 0 and 1"), ("check=0.6,pin=0.5", "add up to 1.1")])
-def test_king_shares_flag_says_what_is_wrong(text, says, capsys):
+@pytest.mark.parametrize("games, text, says", [(1, "checks=0.4", "not a class"), (1, "check=x", "needs a share"),
+                                               (1, "check=1.5", "between 0 and 1"),
+                                               (1, "check=0.6,pin=0.5", "add up to 1.1"),
+                                               (0, "check=0.4", "--king_shares draw from played games")])
+def test_king_shares_flag_says_what_is_wrong(games, text, says, capsys):
     with pytest.raises(SystemExit):
-        annotate_main(["--games", "1", "--king_shares", text])
+        annotate_main(["--games", str(games), "--king_shares", text])
     assert says in capsys.readouterr().err
 
 
