@@ -169,8 +169,10 @@ def build_from_games(a):
     pool_positions = game_positions(train_games, random.Random(f"{a.seed}-pool-P"), a.pool, exclude=held_out,
                                     king_shares=a.king_shares)
     if len(pool_positions) < a.pool:
-        print(f"annotate.py: the {a.games} games hold {len(pool_positions)} positions for a pool of {a.pool}"
-              + ("" if a.king_shares is None else " at --king_shares " + ",".join(f"{k}={v}" for k, v in a.king_shares.items())) + "; writing those")
+        shares = "" if a.king_shares is None else " at --king_shares " + ",".join(
+            f"{k}={v}" for k, v in a.king_shares.items())
+        print(f"annotate.py: the {a.games} games hold {len(pool_positions)} positions for a pool of {a.pool}{shares}; "
+              "writing those")
     pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out, cut_rate=a.cut_rate,
                                 limit=a.transitions)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
@@ -219,7 +221,8 @@ def describe(path):
                                                     for k in ("opening", "middlegame", "endgame")))
         safety = Counter(king_constraint(b) for b in boards)
         lines.append(f"  in check     {100 * safety['check'] / len(boards):.1f}%")
-        lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%" for k in KING_CONSTRAINTS))
+        lines.append("  king safety  " + ", ".join(f"{k} {100 * safety[k] / len(boards):.0f}%"
+                                                  for k in KING_CONSTRAINTS))
     env = Counter(history_bucket(len(s.history)) for s in samples if s.task == "A")
     if env:
         lines.append("  A: history   " + ", ".join(f"{k} {100 * v / sum(env.values()):.0f}%" for k, v in sorted(
@@ -233,14 +236,15 @@ def king_shares(text):
     out = {}
     for part in text.split(","):
         name, _, share = part.partition("=")
-        if name.strip() not in KING_CONSTRAINTS:
-            raise argparse.ArgumentTypeError(f"{name.strip()!r} is not a class of positions.king_constraint; "
+        name = name.strip()
+        if name not in KING_CONSTRAINTS:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a class of positions.king_constraint; "
                                              f"name some of {', '.join(KING_CONSTRAINTS)}, as in check=0.4")
         try:
-            out[name.strip()] = float(share)
+            out[name] = float(share)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{part!r} needs a share after '=', as in check=0.4") from None
-        if not 0 <= out[name.strip()] <= 1:
+        if not 0 <= out[name] <= 1:
             raise argparse.ArgumentTypeError(f"{part!r}: a share is between 0 and 1")
     if sum(out.values()) > 1 + 1e-9:
         raise argparse.ArgumentTypeError(f"the shares of {text!r} add up to {sum(out.values()):g}; at most 1")
