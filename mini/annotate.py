@@ -21,7 +21,7 @@ import chess.engine
 import numpy as np
 from tqdm.auto import tqdm
 
-from mini.config import EVAL_PATH, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
+from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
 from mini.flags import Parser, Switch
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
@@ -254,8 +254,10 @@ def king_shares(text):
 def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
-               checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),
-                       "cut_rate": between(0, 1)})  # else the slices below write other counts
+               checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),  # else the slices
+                       "cut_rate": between(0, 1), "games": at_least(0), "eval_games": at_least(0),  # below write
+                       "eval_transitions": at_least(0), "workers": at_least(1), "depth": at_least(1),  # other counts
+                       "screen_depth": at_least(1), "time": POSITIVE, "max_eval": at_least(0)})
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")
@@ -296,6 +298,10 @@ def main(argv=None):
                   if getattr(a, k) != p.get_default(k)]
     if games_only and not a.games:
         p.error(f"{', '.join(games_only)} draw from played games: give --games N too, or leave them out")
+    try:  # before any game is played or position screened, so that a missing engine costs nothing
+        a.stockfish_path = find_stockfish(a.stockfish_path)
+    except FileNotFoundError as e:
+        p.error(str(e))
     if a.mates:
         if not a.pool_path or a.games:
             p.error("--mates writes a training pool of its own: give it --pool_path PATH, and no --games")

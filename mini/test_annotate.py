@@ -37,6 +37,22 @@ def test_missing_binary_says_how_to_fix():
         find_stockfish("/bin/cat")  # it runs, but never says uciok
 
 
+@pytest.mark.parametrize("flags, says", [(["--depth", "0"], "--depth 0 must be at least 1"),
+                                         (["--workers", "0"], "--workers 0 must be at least 1"),
+                                         (["--time", "-1"], "--time -1.0 must be above 0"),
+                                         (["--games", "-2"], "--games -2 must be at least 0"),
+                                         (["--pool", "3"], "Stockfish not found")])
+def test_bad_flags_and_a_missing_engine_stop_before_any_work(flags, says, tmp_path, capsys):
+    """One sentence and exit code 2, before any position is generated or game played (here no engine exists,
+    so a build the checks let through would also stop, but on the engine's sentence)."""
+    with pytest.raises(SystemExit) as stop:
+        main(flags + ["--stockfish_path", "/nonexistent/stockfish", "--cache", "",
+                      "--pool_path", str(tmp_path / "pool.jsonl"), "--eval_path", str(tmp_path / "eval.jsonl")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
 def test_jsonl_cache_ends_a_cut_off_line(tmp_path):
     path = str(tmp_path / "sub" / "cache.jsonl")
     append_jsonl(path, [{"a": 1}, {"a": 2}])
