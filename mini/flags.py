@@ -74,7 +74,7 @@ def problems(values, checks=None):
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")
-    out += missing_files(values)
+    out += unwritable_outputs(values) + missing_files(values)
     return [p for p in out if p]
 
 
@@ -100,6 +100,30 @@ def missing_files(values):
         if v(needed_by) and not os.path.isfile(path):
             out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "
                        "git checkout mini/data")
+    return out
+
+
+OUTPUT_FLAGS = ("out", "plot", "pool_path", "eval_path")  # files a script writes when its work is done
+
+
+def unwritable_outputs(values):
+    """The output files the flags name that could not be written, one sentence each: looked for at parse time,
+    so that minutes of evaluation or labelling are not lost to a path that was a folder or read-only."""
+    out = []
+    for name in OUTPUT_FLAGS:
+        path = values.get(name)
+        if not path:
+            continue
+        if os.path.isdir(path):
+            out.append(f"--{name} {path} is a folder; name a file, such as {os.path.join(path, 'report.json')}")
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(folder):  # the nearest folder that exists: the rest is made on writing
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            out.append(f"--{name} {path}: {folder} is a file, not a folder; pick another path")
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            out.append(f"--{name} {path}: {folder} cannot be written to; pick a folder you can write to")
     return out
 
 

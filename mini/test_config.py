@@ -4,6 +4,7 @@ over random flag combinations (each one starts, or exits with one line).
 
     python mini/test_config.py
 """
+import os
 import random
 import re
 import subprocess
@@ -85,6 +86,31 @@ def test_the_same_checks_serve_every_script(capsys):
     assert "--max_new_tokens 0 must be at least 1" in one_line_exit(capsys, evaluate.main, ["--max_new_tokens", "0"])
     assert "--steps 0 must be at least 1" in one_line_exit(capsys, bench.main, ["scoring", "--steps", "0"])
     assert "sees no CUDA device" in one_line_exit(capsys, bench.main, ["--device", "cuda"])
+
+
+def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp_path):
+    """A report or pool path that is a folder, lies under a file, or in a folder nobody may write: one line at
+    parse time, before the model loads (the model path here does not exist, so a check that came later would
+    say that instead)."""
+    import mini.annotate as annotate
+    import mini.chess_eval as chess_eval
+    (tmp_path / "a_file").write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    cases = [(evaluate.main, "--out", str(tmp_path), "is a folder; name a file"),
+             (chess_eval.main, "--out", str(tmp_path / "a_file" / "r.json"), "is a file, not a folder"),
+             (evaluate.main, "--plot", str(tmp_path / "a_file" / "deeper" / "p.png"), "is a file, not a folder"),
+             (annotate.main, "--pool_path", str(tmp_path), "is a folder"),
+             (annotate.main, "--eval_path", str(tmp_path / "a_file" / "e.jsonl"), "is a file, not a folder")]
+    if not os.access(locked, os.W_OK):  # root may write anywhere
+        cases.append((evaluate.main, "--out", str(locked / "r.json"), "cannot be written to"))
+    for fn, flag, path, says in cases:
+        argv = [flag, path] + (["--model_path", "/nonexistent/model"] if fn is not annotate.main else [])
+        err = one_line_exit(capsys, fn, argv)
+        assert f"{flag} {path}" in err and says in err and "does not exist" not in err, err
+    for fn, argv in ((evaluate.main, ["--out", str(tmp_path / "new" / "deeper" / "r.json")]),  # folders made later
+                     (chess_eval.main, ["--out", str(tmp_path / "a_file")])):  # an existing file is overwritten
+        assert "does not exist" in one_line_exit(capsys, fn, argv + ["--model_path", "/nonexistent/model"])
 
 
 def test_the_command_line_prints_no_traceback():
