@@ -254,10 +254,11 @@ def king_shares(text):
 def main(argv=None):
     cfg = Config()
     p = Parser("Annotate generated positions with Stockfish; write the shipped pool and eval set.",
-               checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0),  # else the slices
-                       "cut_rate": between(0, 1), "games": at_least(0), "eval_games": at_least(0),  # below write
-                       "eval_transitions": at_least(0), "workers": at_least(1), "depth": at_least(1),  # other counts
-                       "screen_depth": at_least(1), "time": POSITIVE, "max_eval": at_least(0)})
+               # checked before any engine starts: else the slices below write other counts, or a build fails late
+               checks={"pool": at_least(1), "eval": at_least(0), "transitions": at_least(0), "cut_rate": between(0, 1),
+                       "games": at_least(0), "eval_games": at_least(0), "eval_transitions": at_least(0),
+                       "workers": at_least(1), "depth": at_least(1), "screen_depth": at_least(1), "time": POSITIVE,
+                       "max_eval": at_least(0)})
     p.add_argument("--pool", type=int, default=5000, help="training positions")
     p.add_argument("--eval", type=int, default=500, help="held-out positions, none of them in the pool")
     p.add_argument("--seed", type=int, default=0, help="seed of the position generator")

@@ -88,22 +88,18 @@ def test_the_same_checks_serve_every_script(capsys):
     assert "sees no CUDA device" in one_line_exit(capsys, bench.main, ["--device", "cuda"])
 
 
-def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp_path):
+def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp_path, monkeypatch):
     """A report or pool path that is a folder, lies under a file, or in a folder nobody may write: one line at
     parse time, before the model loads (the model path here does not exist, so a check that came later would
     say that instead)."""
     import mini.annotate as annotate
     import mini.chess_eval as chess_eval
     (tmp_path / "a_file").write_text("")
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
     cases = [(evaluate.main, "--out", str(tmp_path), "is a folder; name a file"),
              (chess_eval.main, "--out", str(tmp_path / "a_file" / "r.json"), "is a file, not a folder"),
              (evaluate.main, "--plot", str(tmp_path / "a_file" / "deeper" / "p.png"), "is a file, not a folder"),
              (annotate.main, "--pool_path", str(tmp_path), "is a folder"),
              (annotate.main, "--eval_path", str(tmp_path / "a_file" / "e.jsonl"), "is a file, not a folder")]
-    if not os.access(locked, os.W_OK):  # root may write anywhere
-        cases.append((evaluate.main, "--out", str(locked / "r.json"), "cannot be written to"))
     for fn, flag, path, says in cases:
         argv = [flag, path] + (["--model_path", "/nonexistent/model"] if fn is not annotate.main else [])
         err = one_line_exit(capsys, fn, argv)
@@ -111,6 +107,13 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
     for fn, argv in ((evaluate.main, ["--out", str(tmp_path / "new" / "deeper" / "r.json")]),  # folders made later
                      (chess_eval.main, ["--out", str(tmp_path / "a_file")])):  # an existing file is overwritten
         assert "does not exist" in one_line_exit(capsys, fn, argv + ["--model_path", "/nonexistent/model"])
+    locked = str(tmp_path / "locked")  # a read-only folder, as root sees none: os.access says no for it alone
+    os.mkdir(locked)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: path != locked and access(path, mode))
+    err = one_line_exit(capsys, evaluate.main, ["--out", os.path.join(locked, "new", "r.json"),
+                                                "--model_path", "/nonexistent/model"])
+    assert f"{locked} cannot be written to" in err, err
 
 
 def test_the_command_line_prints_no_traceback():
