@@ -194,7 +194,11 @@ def policy_sample(fen, moves, evals, best=None, history=()):
 
 
 def env_sample(fen, move, history):
-    """A: sample with python-chess ground truth."""
+    """A: sample with python-chess ground truth. The FEN needs its 6 fields: an illegal move's next state is
+    the FEN itself, which parse_env would refuse without its move counters."""
+    if not isinstance(fen, str) or len(fen.split()) != 6:
+        raise ValueError(f"an A: position needs a FEN of 6 fields (board, side, castling, en passant, halfmove and "
+                         f"fullmove counters), got {fen!r:.90}")
     history = _history(history)
     label = env_label(fen, move)
     next_fen, reward, terminated, truncated = label

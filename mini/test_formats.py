@@ -150,6 +150,17 @@ def test_an_a_line_is_labelled_by_python_chess():
     assert not any(parse_line(line).relabelled for line in A_LINES)  # lines python-chess agrees with
 
 
+def test_an_a_position_without_its_move_counters_is_a_bad_line_not_an_unscorable_label():
+    """python-chess reads a 4-field FEN, and an illegal move's next state is the FEN itself: a label the scorer
+    refuses, so that even the true completion would score as invalid."""
+    four = "7k/8/6K1/8/8/8/8/5R2 w - -"
+    for line in (f"A: {four}+f1f1+f1f1+{four}+-1.0+0+1", f"A: {four}+f1f2+f1f2+7k/8/6K1/8/8/8/5R2/8 b - - 1 1+0.001+0+0"):
+        with pytest.raises(ValueError, match="6 fields"):
+            parse_line(line)
+    s = parse_line(f"A: {four} 0 1+f1f1+f1f1+{four} 0 1+-1.0+0+1")  # with them it is a line like any other
+    assert (s.next_fen, s.reward, s.truncated) == (f"{four} 0 1", -1.0, 1)
+
+
 def test_position_key_writes_en_passant_as_python_chess_does():
     # after 1. e4 e5 standard FEN names e6, but no white pawn can take there: the same position as with '-'
     assert position_key("rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq e6 0 2") == \
