@@ -194,11 +194,7 @@ def policy_sample(fen, moves, evals, best=None, history=()):
 
 
 def env_sample(fen, move, history):
-    """A: sample with python-chess ground truth. The FEN needs its 6 fields: an illegal move's next state is
-    the FEN itself, which parse_env would refuse without its move counters."""
-    if not isinstance(fen, str) or len(fen.split()) != 6:
-        raise ValueError(f"an A: position needs a FEN of 6 fields (board, side, castling, en passant, halfmove and "
-                         f"fullmove counters), got {fen!r:.90}")
+    """A: sample with python-chess ground truth."""
     history = _history(history)
     label = env_label(fen, move)
     next_fen, reward, terminated, truncated = label
@@ -211,11 +207,17 @@ class ImpossiblePosition(ValueError):
 
 
 def checked_board(fen):
-    """The board of a FEN that python-chess accepts and calls possible (is_valid); else a ValueError naming what
-    is wrong: the FEN's syntax, or the board's status (two white kings, a pawn on the back rank, no king, the
-    side not to move in check, ...)."""
+    """The board of a FEN of 6 fields that python-chess accepts and calls possible (is_valid); else a ValueError
+    naming what is wrong: the FEN's syntax, or the board's status (two white kings, a pawn on the back rank, no
+    king, the side not to move in check, ...). python-chess also reads a FEN without its move counters, but an
+    illegal move's next state is the FEN itself, which parse_env refuses without them, and every P: position
+    becomes an A: one (random_env_sample)."""
     if not isinstance(fen, str):
         raise ValueError(f"the FEN is {type(fen).__name__} {fen!r:.40}, not a string")
+    fields = fen.split()
+    if len(fields) != 6:
+        raise ValueError(f"bad FEN {fen[:90]!r}: it needs its 6 fields (board, side, castling, en passant, halfmove "
+                         f"and fullmove counters)")
     try:
         board = chess.Board(fen)
     except ValueError as e:

@@ -150,11 +150,12 @@ def test_an_a_line_is_labelled_by_python_chess():
     assert not any(parse_line(line).relabelled for line in A_LINES)  # lines python-chess agrees with
 
 
-def test_an_a_position_without_its_move_counters_is_a_bad_line_not_an_unscorable_label():
+def test_a_position_without_its_move_counters_is_a_bad_line_not_an_unscorable_label():
     """python-chess reads a 4-field FEN, and an illegal move's next state is the FEN itself: a label the scorer
-    refuses, so that even the true completion would score as invalid."""
+    refuses, so that even the true completion would score as invalid. A P: position becomes an A: one too."""
     four = "7k/8/6K1/8/8/8/8/5R2 w - -"
-    for line in (f"A: {four}+f1f1+f1f1+{four}+-1.0+0+1", f"A: {four}+f1f2+f1f2+7k/8/6K1/8/8/8/5R2/8 b - - 1 1+0.001+0+0"):
+    for line in (f"A: {four}+f1f1+f1f1+{four}+-1.0+0+1", f"A: {four}+f1f2+f1f2+7k/8/6K1/8/8/8/5R2/8 b - - 1 1+0.001+0+0",
+                 f"P: {four} M: f1f8 E: 999.99 B: f1f8"):
         with pytest.raises(ValueError, match="6 fields"):
             parse_line(line)
     s = parse_line(f"A: {four} 0 1+f1f1+f1f1+{four} 0 1+-1.0+0+1")  # with them it is a line like any other
