@@ -627,6 +627,10 @@ MUTANTS = [
            "games.py", 'statistics.median(g["plies"] for g in games)',
            'statistics.mean(g["plies"] for g in games)',
            ("mini/test_games.py::test_selfplay_summary_and_means_by_hand",)),
+    Mutant("selfplay_ignores_policy_pad", "self-play P: prompts are padded to 90 whatever --policy_pad says",
+           "selfplay.py", "pad_policy(policy_sample(fen, moves, evals, history=history), self.pads, self.rng)",
+           "policy_sample(fen, moves, evals, history=history)",
+           ("mini/test_selfplay.py::test_self_play_prompts_take_the_policy_pad",)),
     # the objective, the formats, the reward's components and the held-out metrics (mini/test_{grpo,formats,reward_scorer,evaluate}.py)
     Mutant("informative_min_std_inclusive", "a group whose std equals min_std is kept",
            "grpo.py", "(r.std(1) > min_std)",
