@@ -23,8 +23,8 @@ from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
 from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
-from mini.games import (OPENINGS, eval_mates, game_starts, in_batches, load_mates, mean, model_player, opening_board,
-                        policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
+from mini.games import (OPENINGS, eval_mates, game_outcome, game_starts, in_batches, load_mates, mean, model_player,
+                        opening_board, policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
 from mini.loader import LoadError, load_model
 from mini.positions import build_mates
 from mini.runtime import autocast, resolve_device
@@ -103,11 +103,13 @@ def stockfish_start(i):
     return ["initial", *OPENINGS][(i // 2) % (len(OPENINGS) + 1)]
 
 
-def stockfish_move(engine, path, board, nodes, game):
+def stockfish_move(engine, path, board, nodes):
     """Stockfish's move in a game (engine.play within the engine's deadline); an EngineFailure naming the engine
-    and the position when it stops answering or dies."""
+    and the position when it stops answering or dies. Every search starts a new game (a cold hash): a game kept
+    warm from its own last move, as the last game left running would be, plays other moves at a node limit, so a
+    game's moves would depend on when the others ended and --compare would pair different games."""
     try:
-        return engine.play(board, chess.engine.Limit(nodes=nodes), game=game).move
+        return engine.play(board, chess.engine.Limit(nodes=nodes), game=object()).move
     except (chess.engine.EngineError, TimeoutError) as e:
         what = "stopped answering" if isinstance(e, TimeoutError) else f"failed ({e})"
         raise EngineFailure(f"{ENGINE_NAMES[path]} ({path}) {what} in a game against the model, at {board.fen()}; "
@@ -132,7 +134,7 @@ def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, ma
         while live:
             for i in live:  # Stockfish moves wherever it is its turn
                 if boards[i].turn != games[i]["white"]:
-                    boards[i].push(stockfish_move(engine, path, boards[i], nodes, i))
+                    boards[i].push(stockfish_move(engine, path, boards[i], nodes))
                     end_if_over(boards[i], games[i], book[i] + max_plies)
             mine = [i for i in live if games[i]["end"] is None]
             for i, text in zip(mine, player([policy_prompt(boards[i].fen()) for i in mine]), strict=True):
@@ -154,7 +156,7 @@ def stockfish_games(player, n_games, stockfish_path="", skill=20, nodes=1000, ma
 
 def end_if_over(board, game, max_plies):
     """Score a game that the last move ended: by the rules, or a draw once the board holds max_plies half-moves."""
-    outcome = board.outcome(claim_draw=True)
+    outcome = game_outcome(board)
     if outcome:
         game["end"] = outcome.termination.name.lower()
         game["score"] = 0.5 if outcome.winner is None else float(outcome.winner == game["white"])
@@ -272,6 +274,9 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
                              "run both with the same ones")
     paired = paired_bootstrap(*values, n_boot, seed)
     m0, m1 = (r["metrics"] for r in reports)  # an older report may hold NaN for a section with nothing in it
+    if all("chess_selfplay_plies_median" in m for m in (m0, m1)):  # both played self-play: a way of ending that
+        ends = {k for m in (m0, m1) for k in m if k.startswith("chess_selfplay_end_")}  # one lacks ended none there
+        m0, m1 = ({k: 0.0 for k in ends} | m for m in (m0, m1))
     unpaired = {k: (v, m1[k], m1[k] - v) for k, v in m0.items()
                 if k not in paired and k in m1 and not math.isnan(m1[k] - v)}
     return paired, unpaired
@@ -340,6 +345,10 @@ def main(argv=None):
         return
     if not a.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER, or --build_mates)")
+    starts = 2 * (len(OPENINGS) + 1)
+    if a.sf_skill == 20 and a.sf_games > starts:  # a deterministic game of the greedy player repeats move for move
+        p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {starts} starts and colours "
+                f"gives one game, so ask for at most {starts} (or a --sf_skill below 20, whose games are random)")
     device = resolve_device(a.device)
     try:
         model, tok = load_model(a.model_path, device)

@@ -83,8 +83,9 @@ def policy_values(s, completion):
     out.append(("best_legal_in_check" if constraint == "check" else "best_legal_not_in_check", best in legal))
     if constraint != "check":  # out of check, by what the king's safety forbids there
         out.append((f"best_legal_{constraint}", best in legal))
-    if pv1 and best in legal:  # accuracy among legal answers: what the model knows when it writes a move at all
-        out.append(("best_acc_pv1_legal", best == pv1))
+    if pv1:  # accuracy among legal answers, what the model knows when it writes a move at all (None where this
+        # answer is illegal, left out of the mean, so that --compare pairs the prompts where both answers are legal)
+        out.append(("best_acc_pv1_legal", best == pv1 if best in legal else None))
     for suffix in ("", "_white" if s.fen.split()[1] == "w" else "_black"):
         out.append(("best_acc_label" + suffix, best == s.best))
         if pv1:
@@ -110,7 +111,7 @@ def quality_values(samples, completions, engine):
         if s.task != "P":
             out.append([])
         elif q is None:
-            out.append([(k, None) for k in ("cpl", "winprob_loss", "blunder", "move_score")])
+            out.append([(k, None) for k in ("cpl", "winprob_loss", "blunder", "move_score", "cpl_legal")])
         else:
             out.append([("cpl", q["cpl"]), ("winprob_loss", q["winprob_loss"]), ("blunder", q["cpl"] >= BLUNDER_CP),
                         ("move_score", q["score"])]

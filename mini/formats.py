@@ -5,7 +5,10 @@ the python-chess ground truth of the A: task.
 P: (policy; labels from Stockfish MultiPV 5 at ~0.1 s a position)
     "P: " + f"{fen:90}" + "M: " + f"{' '.join(moves):30}" + "E: " + f"{' '.join(evals):40}" + "B: " + best
   - moves: Stockfish's top 5 first moves in UCI (fewer when fewer are legal), shuffled together with
-    their evals, so M:/E: order carries no rank: compare by move, never by index.
+    their evals in RookWorld's data, so M:/E: order carries no rank: compare by move, never by index.
+    This project's own labels (policy_sample, from annotated positions) keep Stockfish's order, best first,
+    so B: is the first M: move: the models trained here (mini/data) learned that order, and a report's
+    labels stay the same text. Parsers, rewards and metrics never read the order, so either scores alike.
   - evals: side to move's view in pawns, str(cp / 100) ("0.0", "-2.3"); mate in n is +-(1000 - n/100)
     (mate_score=100000), e.g. 999.97, so any eval error must clip mates.
   - B: in the published data is PV1 when White is to move but the LAST MultiPV line (the weakest of

@@ -120,6 +120,20 @@ def game_starts(n):
     return [game_start(i) for i in range(n)]
 
 
+def game_outcome(board):
+    """The game's end by the rules once it has happened: python-chess's outcome (checkmate, stalemate,
+    insufficient material, the 75-move rule, fivefold), and a threefold repetition or fifty moves without a
+    capture or pawn move once they are on the board, as an arbiter ends them. Not outcome(claim_draw=True),
+    which also ends a game where the side to move could claim a draw with its next move: one ply early, and
+    for a side (Stockfish winning) that would never claim it."""
+    outcome = board.outcome()
+    if outcome is None and board.is_repetition(3):
+        return chess.Outcome(chess.Termination.THREEFOLD_REPETITION, None)
+    if outcome is None and board.is_fifty_moves():
+        return chess.Outcome(chess.Termination.FIFTY_MOVES, None)
+    return outcome
+
+
 def policy_turn(board, text, game, max_plies):
     """Play the move of one completion on board; set game["end"] when the game is over. The move, if UCI,
     is recorded as an arbiter transition (fen, move, last <= 10 half-moves including it)."""
@@ -133,7 +147,7 @@ def policy_turn(board, text, game, max_plies):
         return
     board.push_uci(move)
     game["plies"] += 1
-    outcome = board.outcome(claim_draw=True)
+    outcome = game_outcome(board)
     if outcome:
         game["end"] = outcome.termination.name.lower()
     elif game["plies"] >= max_plies:

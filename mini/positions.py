@@ -216,8 +216,10 @@ KING_CONSTRAINTS = ("check", "pin", "king_square", "unconstrained")  # king_cons
 
 def king_constraint(board):
     """What the safety of the side to move's king forbids: "check" (it is in check), "pin" (a move of another
-    piece that would expose it), "king_square" (only king steps onto, or castling through, attacked squares)
-    or "unconstrained" (every pseudo-legal move is legal). The policy's illegal answers gather in the first three."""
+    piece that would expose it), "king_square" (only king steps onto attacked squares) or "unconstrained"
+    (every pseudo-legal move is legal; python-chess's pseudo-legal moves never castle through an attacked
+    square, so a position where only that is forbidden is unconstrained). The policy's illegal answers gather
+    in the first three."""
     if board.is_check():
         return "check"
     forbidden = [m for m in board.pseudo_legal_moves if not board.is_legal(m)]

@@ -27,11 +27,11 @@ WIN_K = 0.00368208  # Lichess's win% = 50 + 50 * (2 / (1 + exp(-WIN_K * cp)) - 1
 A_WEIGHTS = {"fen_exact": 4, "fen_similarity": 2, "reward_exact": 2, "terminated_exact": 1, "truncated_exact": 1}
 
 
-def ranking(sample):
-    """Labelled moves best first by eval (side to move's view), the sample's best first among equals: PV1 leads
-    for both colours, also on a RookWorld text line whose B: label is the weakest move (Black to move)."""
-    ranked = sorted(zip(sample.moves, sample.evals), key=lambda p: (-p[1], p[0] != sample.best))
-    return [m for m, _ in ranked], dict(zip(sample.moves, sample.evals))
+def label_rank(true_evals, move):
+    """A labelled move's rank by eval (side to move's view; 0 = the top eval, Stockfish's PV1 for both colours,
+    never a text line's B: label, which with Black to move is the weakest): how many labelled moves are strictly
+    better. Equal evals share the better rank, so every mate in one of a position, or every drawing move, is best."""
+    return sum(e > true_evals[move] for e in true_evals.values())
 
 
 def levenshtein(a, b):
@@ -55,11 +55,11 @@ def clip(x, bound=EVAL_CLIP):
 
 def policy_components(sample, completion):
     moves, evals, best = parse_policy(completion)
-    ranked, true_evals = ranking(sample)
+    true_evals = dict(zip(sample.moves, sample.evals))
     legal = legal_ucis(sample.fen)
     named = dict(zip(moves, evals))  # a repeated move counts once (its last eval)
-    if best in ranked:
-        best_score = BEST_BY_RANK[min(ranked.index(best), len(BEST_BY_RANK) - 1)]
+    if best in true_evals:
+        best_score = BEST_BY_RANK[min(label_rank(true_evals, best), len(BEST_BY_RANK) - 1)]
     else:
         best_score = LEGAL_BEST if best in legal else 0.0
     hits = [m for m in named if m in true_evals]
@@ -68,7 +68,7 @@ def policy_components(sample, completion):
     return {
         "best": best_score,
         "best_legal": float(best in legal),
-        "candidates": max(0.0, min(1.0, (len(hits) - ILLEGAL_PENALTY * illegal) / max(len(ranked), 1))),
+        "candidates": max(0.0, min(1.0, (len(hits) - ILLEGAL_PENALTY * illegal) / max(len(true_evals), 1))),
         "evals": sum(1 / (1 + e) for e in errors) / len(errors) if errors else 0.0,
     }
 

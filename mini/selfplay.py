@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import chess
 
-from mini.dataset import held_out_keys
+from mini.dataset import held_out_keys, pad_policy
 from mini.formats import env_sample, policy_sample, position_key
 from mini.games import game_start, half_move, model_player, opening_board
 from mini.stockfish import DEFAULT_CACHE, Annotator
@@ -22,11 +22,12 @@ from mini.stockfish import DEFAULT_CACHE, Annotator
 class SelfPlaySource:
     def __init__(self, tok, pool=None, games=16, plies=8, max_plies=200, temperature=1.0, top_k=0, max_new_tokens=96,
                  mix=0.5, env_ratio=0.2, capacity=1024, depth=10, workers=1, cache_path=DEFAULT_CACHE,
-                 stockfish_path="", seed=0, exclude=(), player=None):
+                 stockfish_path="", seed=0, exclude=(), player=None, pads=(90,)):
         # first, so that a missing Stockfish is one sentence before anything else starts
         self.ann = Annotator(stockfish_path, depth=depth, workers=workers, cache_path=cache_path, multipv=5)
         self.pool, self.plies, self.max_plies = pool, plies, max_plies
         self.mix, self.env_ratio, self.capacity, self.seed = mix, env_ratio, capacity, seed
+        self.pads = pads  # P: prompts' FEN widths (--policy_pad), as the pool's
         # player(model, seed, autocast) -> (prompts -> completion texts); tests plug in scripted ones
         self.player = player or (lambda model, seed, autocast=None: model_player(
             model, tok, temperature, top_k, seed, max_new_tokens, autocast=autocast))
@@ -122,7 +123,7 @@ class SelfPlaySource:
                 out.append(env_sample(*self.rng.choice(list(self.moves.values()))))
             elif self.positions:
                 fen, history, moves, evals = self.rng.choice(list(self.positions.values()))
-                out.append(policy_sample(fen, moves, evals, history=history))
+                out.append(pad_policy(policy_sample(fen, moves, evals, history=history), self.pads, self.rng))
             elif self.pool is not None:  # no self-play yet (no refresh, or everything held out)
                 out += self.pool.draw(1)
             else:

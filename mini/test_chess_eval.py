@@ -162,6 +162,15 @@ def test_stockfish_games_illegal_player_loses():
 
 
 @needs_stockfish
+def test_a_stockfish_game_does_not_depend_on_the_games_beside_it():
+    """Game 0 is the same game alone or beside game 1: Stockfish searches every move with a cold hash. Kept warm
+    from its own last move (the last game left running), it played other moves from half-move 5 at 1,000
+    nodes, so --compare paired games whose moves depended on how long the others lasted."""
+    alone, beside = (ce.stockfish_games(answering(first_legal), n, STOCKFISH, max_plies=60)[0] for n in (1, 2))
+    assert alone["moves"] == beside["moves"] and (alone["end"], alone["score"]) == (beside["end"], beside["score"])
+
+
+@needs_stockfish
 def test_stockfish_games_repeat_from_the_openings():
     """At Skill Level 20 a game repeats move for move, so --compare may pair games by index; games 2 and 3
     start after the Ruy Lopez, and plies and moves count from there."""
@@ -289,6 +298,28 @@ def test_load_mates_refuses_a_file_without_mates(tmp_path):
     with pytest.raises(ValueError, match=f"{header_only} holds no mate-in-one position; regenerate it"):
         load_mates(str(header_only))
     assert load_mates(n=2) == [json.loads(line) for line in open(MATE_PATH).readlines()[1:3]]
+
+
+def test_compare_counts_a_way_of_ending_one_report_lacks_as_none(tmp_path):
+    """A report holds chess_selfplay_end_<kind> only for the ways its games ended: an end that went from a share to
+    none (illegal answers 0.25 -> 0) is a row, 0.25 -> 0, not a row left out for want of a key."""
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    for path, ends in zip(paths, ({"illegal": 0.25, "max_plies": 0.75}, {"max_plies": 1.0})):
+        metrics = {"chess_selfplay_plies_median": 3.0} | {f"chess_selfplay_end_{k}": v for k, v in ends.items()}
+        json.dump({"suite": "chess", "items": {}, "values": {}, "metrics": metrics}, open(path, "w"))
+    unpaired = ce.compare(*paths)[1]
+    assert unpaired["chess_selfplay_end_illegal"] == (0.25, 0.0, -0.25)
+    assert unpaired["chess_selfplay_end_max_plies"] == (0.75, 1.0, 0.25)
+
+
+def test_more_stockfish_games_than_starts_is_refused_when_they_would_repeat(capsys):
+    """At Skill Level 20 the 18 starts and colours give one game each; a 19th would copy the first, and --compare
+    would count the copy as another pair. Below 20 Stockfish's games are random, so more are allowed."""
+    model = os.path.join(ROOT, "mini", "data", "rookworld-8m")
+    with pytest.raises(SystemExit) as e:
+        ce.main(["--model_path", model, "--sf_games", "19"])
+    assert e.value.code == 2 and "--sf_games 19 would replay games" in capsys.readouterr().err
+    assert ce.parse_args(["--model_path", model, "--sf_games", "19", "--sf_skill", "5"])[1].sf_games == 19
 
 
 def test_compare_leaves_out_what_has_no_values(tmp_path):

@@ -129,6 +129,35 @@ def test_text_lines_label_versus_pv1():
     assert "eval_P_best_acc_pv1" not in ev.per_sample_values([tied], [tied.completion])
 
 
+def test_accuracy_among_legal_answers_pairs_the_prompts_where_both_answers_are_legal():
+    """best_acc_pv1_legal counts legal answers only, so --compare must pair it on the prompts where both models
+    answer legally: one list entry per P: prompt, None where the answer is illegal. Kept only for legal answers,
+    before (legal on prompts 0, 1) and after (legal on 1, 2) gave two values each, paired 0 with 1 and 1 with 2."""
+    samples = [parse_line(line) for line in P_LINES]  # PV1 b3b5, h7f8, d4c5; the labels legal
+    illegal = ["b3a3", "h7h7", "d4d8"]  # onto its own pawn, nowhere, four squares for a king
+    answer = lambda i, legal: samples[i].completion.replace("B: " + samples[i].best, "B: " + (
+        samples[i].best if legal else illegal[i]))
+    before, after = ([answer(i, ok) for i, ok in enumerate(legal)] for legal in ((1, 1, 0), (0, 1, 1)))
+    values = [ev.per_sample_values(samples, c)["eval_P_best_acc_pv1_legal"] for c in (before, after)]
+    assert values == [[1.0, 0.0, None], [None, 0.0, 1.0]]  # the Black label h7f6 is legal, not PV1
+    rows = ev.paired_bootstrap(*(ev.per_sample_values(samples, c) for c in (before, after)))
+    assert rows["eval_P_best_acc_pv1_legal"] == (0.0, 0.0, 0.0, 0.0, 0.0, 1)  # prompt 1 alone
+    assert ev.means(ev.per_sample_values(samples, before))["eval_P_best_acc_pv1_legal"] == 0.5
+
+
+def test_a_move_the_engine_could_not_judge_keeps_every_quality_list_aligned(monkeypatch):
+    """A P: move the engine could not judge (move_quality None) gets None in each move-quality metric,
+    cpl_legal included, so every list keeps one entry per P: prompt and --compare pairs by prompt."""
+    samples = [parse_line(line) for line in P_LINES]
+    judged = [(s.best, {"cpl": 10 * i, "winprob_loss": 0.0, "score": 1.0}) for i, s in enumerate(samples)]
+    judged[1] = (samples[1].best, None)
+    monkeypatch.setattr(ev, "judge_moves", lambda engine, samples, completions: judged)
+    values = ev.per_sample_values(samples, [s.completion for s in samples], engine=object())
+    for name in ("cpl", "winprob_loss", "blunder", "move_score", "cpl_legal"):
+        assert len(values[f"eval_P_{name}"]) == 3 and values[f"eval_P_{name}"][1] is None, name
+    assert values["eval_P_cpl_legal"] == [0.0, None, 20.0]
+
+
 def test_random_model_is_invalid(held_out):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, n_positions=256))

@@ -22,7 +22,7 @@ from mini.tokenizer import Tokenizer
 
 SCHOLARS_MATE = "e2e4 e7e5 f1c4 b8c6 d1h5 g8f6 h5f7"   # White mates
 FOOLS_MATE = "f2f3 e7e5 g2g4 d8h4"                     # Black mates
-KNIGHTS_BACK_AND_FORTH = "g1f3 g8f6 f3g1 f6g8 g1f3 g8f6 f3g1"  # the 7th half-move repeats a position 3 times
+KNIGHTS_BACK_AND_FORTH = "g1f3 g8f6 f3g1 f6g8 g1f3 g8f6 f3g1 f6g8"  # the 8th half-move makes the start's third time
 ITALIAN_12 = "e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 c2c3 g8f6 d2d4 e5d4 c3d4 c5b4".split()
 
 
@@ -46,6 +46,21 @@ def test_a_finished_game_is_scored_for_the_players_colour(board, end, white_scor
         assert (game["end"], game["score"]) == (end, want)
 
 
+@pytest.mark.parametrize("board, last", [
+    (played(KNIGHTS_BACK_AND_FORTH[:-5]), "f6g8"),  # 7 half-moves: Black could claim a threefold with f6g8
+    (played("", "8/8/8/4k3/8/8/8/R3K3 w - - 99 80"), "a1a2"),  # 99 half-moves without a capture or pawn move
+])
+def test_a_draw_ends_the_game_once_it_happened_not_when_it_could_be_claimed(board, last):
+    """game_outcome ends a game at a threefold repetition or the fifty-move rule once on the board; python-chess's
+    claim_draw=True ended it a half-move early, where the side to move could claim it with its next move."""
+    game = {"white": True, "end": None, "score": None}
+    ce.end_if_over(board, game, 200)
+    assert (game["end"], game["score"]) == (None, None) and gm.game_outcome(board) is None
+    board.push_uci(last)
+    ce.end_if_over(board, game, 200)
+    assert game["score"] == 0.5 and game["end"] in ("threefold_repetition", "fifty_moves")
+
+
 def test_the_half_move_cap_adjudicates_a_draw_for_either_colour():
     board = played("e2e4 e7e5 g1f3")
     for white in (True, False):
@@ -63,7 +78,7 @@ def scripted(line):
 
 @pytest.mark.parametrize("moves, end, plies", [
     (SCHOLARS_MATE, "checkmate", 7), (FOOLS_MATE, "checkmate", 4),
-    (KNIGHTS_BACK_AND_FORTH, "threefold_repetition", 7),
+    (KNIGHTS_BACK_AND_FORTH, "threefold_repetition", 8),
 ])
 def test_self_play_ends_by_the_rules_for_either_side(moves, end, plies):
     games = gm.self_play(scripted(moves.split()), ["initial", "initial"])

@@ -3,6 +3,7 @@ order, nothing raises."""
 import os
 import random
 
+import chess
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -160,6 +161,20 @@ def test_best_component_by_rank_of_every_labelled_move(best, want):
     reward, comps = score(s, s.completion.replace("B: b3b5", "B: " + best))
     assert comps["best"] == want
     assert reward == pytest.approx(0.2 + 0.8 * (5 * want + 3 + 2) / 10)  # candidates and evals exact
+
+
+@pytest.mark.parametrize("fen, moves, evals, want", [
+    # four mates in one (a position of the mate pool): each is the best move; the fifth mates a move later
+    ("8/3k4/8/8/3q4/8/4K3/6q1 b - - 3 85", ["g1d1", "g1f2", "d4d1", "d4e3", "d4e4"], [999.99] * 4 + [999.98],
+     [1.0, 1.0, 1.0, 1.0, 0.15]),
+    # a tie below the top shares the better rank, and the move after it ranks by how many are better (1, 2, 2, 4)
+    (chess.STARTING_FEN, ["e2e4", "d2d4", "g1f3", "c2c4"], [0.3, 0.2, 0.2, 0.1], [1.0, 0.5, 0.5, 0.25]),
+])
+def test_moves_of_equal_eval_share_the_better_rank(fen, moves, evals, want):
+    """README: equal evals share the better rank. Ranking ties by the label's order gave the second of four
+    mates in one 0.5 and the others 0.35 and 0.25, though each mates as surely as the first."""
+    s = policy_sample(fen, moves, evals)
+    assert [score(s, s.completion.replace("B: " + moves[0], "B: " + m))[1]["best"] for m in moves] == want
 
 
 def test_eval_component_by_hand_with_errors_on_both_sides_and_clipped_mates():

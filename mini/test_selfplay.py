@@ -198,6 +198,18 @@ def test_draw_shares_of_pool_moves_and_positions(monkeypatch):
     assert abs(share(lambda s: s.task == "P") - 0.56) < 0.05
 
 
+@pytest.mark.parametrize("pads", [(89,), (90, 89)])
+def test_self_play_prompts_take_the_policy_pad(monkeypatch, pads):
+    """--policy_pad reaches the self-play P: prompts as it does the pool's: the FEN padded to each width asked
+    for ('P: ' + FEN + spaces, less the space that merges into ' M'), never to 90 alone."""
+    monkeypatch.setattr("mini.selfplay.Annotator", lambda *a, **kw: None)
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)
+    src = SelfPlaySource(None, games=1, mix=1.0, env_ratio=0.0, player=by_model, pads=pads)
+    src.positions["k"] = (chess.STARTING_FEN, [], ["e2e4"], [0.3])
+    widths = {len(s.prompt) - len("P: ") + 1 for s in src.draw(40)}
+    assert widths == set(pads)
+
+
 def test_no_stockfish_is_one_sentence(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"^Stockfish not found .*apt-get install stockfish") as e:
         source(tmp_path, stockfish_path="/nonexistent/stockfish")

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from mini import distributed, grpo, logprobs
 from mini.autobatch import choose_batch_size
 from mini.flags import parse_args
-from mini.dataset import ReplayBuffer, make_source
+from mini.dataset import ReplayBuffer, make_source, pad_widths
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
 from mini.loader import LoadError, load_model
@@ -130,7 +130,8 @@ class Trainer(Resumable):
                     self.tok, self.source, games=cfg.selfplay_games, plies=cfg.selfplay_plies,
                     temperature=cfg.selfplay_temperature, top_k=cfg.selfplay_top_k, max_new_tokens=cfg.max_new_tokens,
                     mix=cfg.selfplay_mix, env_ratio=cfg.mix_env_ratio, depth=cfg.stockfish_depth,
-                    workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed + self.rank)
+                    workers=cfg.annotate_workers, stockfish_path=cfg.stockfish_path, seed=cfg.seed + self.rank,
+                    pads=pad_widths(cfg.policy_pad))
             self.scorer = ScoringPool(score_workers(cfg, self.device, self.world), cfg.reward_shaping, engine_reward(cfg))
         self.step, self.best_eval, self.best_reward, self.recoveries = 0, -math.inf, -math.inf, 0
         self.started = time.time(), 0  # (time, step) when this process began training: the ETA's pace
