@@ -181,10 +181,11 @@ MUTANTS = [
            "reward_scorer.py", "hits = [m for m in named if m in true_evals]", "hits = [m for m in moves if m in true_evals]",
            ("mini/test_reward_scorer.py",)),
     Mutant("label_ranked_first", "the B: label ranks first whatever its eval: Black's text lines reward the weakest move",
-           "reward_scorer.py", "key=lambda p: (-p[1], p[0] != sample.best)", "key=lambda p: (p[0] != sample.best, -p[1])",
+           "reward_scorer.py", "BEST_BY_RANK[min(label_rank(true_evals, best), len(BEST_BY_RANK) - 1)]",
+           "BEST_BY_RANK[0 if best == sample.best else min(label_rank(true_evals, best), len(BEST_BY_RANK) - 1)]",
            ("mini/test_reward_scorer.py",)),
     Mutant("candidates_over_5", "the candidates component divides by 5, not by the number of labelled moves",
-           "reward_scorer.py", "/ max(len(ranked), 1)", "/ 5", ("mini/test_reward_scorer.py",)),
+           "reward_scorer.py", "/ max(len(true_evals), 1)", "/ 5", ("mini/test_reward_scorer.py",)),
     # ------------------------------------------------------------------------------------------------------
     # away from the centre (issue 42): parsers, reward components, metrics, flags, games, statistics, caches,
     # the run lock, self-play. Guarded by the tests of mini/test_{adversarial,metrics,flags,games,stats,caches}.py

@@ -85,7 +85,8 @@ def test_move_quality_labelled_and_illegal_moves():
 def test_labels_mode_is_todays_reward():
     """Rewards of mini/reward_scorer.py before the engine reward existed, for both shapings; the Black line's
     label h7f6 and other move a4a3 by their evals' ranks (5th and 3rd: 0.2 + 0.8 * (5 * 0.15 + 5) / 10 = 0.66,
-    and 0.74 with 0.35), since the reward ranks by eval for both colours."""
+    and 0.74 with 0.35), since the reward ranks by eval for both colours; on the third line every move is 0.0, so
+    the other move is as good as the label (1.0)."""
     samples = [parse_line(line) for line in P_LINES]
     pairs = []
     for s in samples:
@@ -93,9 +94,9 @@ def test_labels_mode_is_todays_reward():
         pairs += [(s, s.completion), (s, s.completion.replace("B: " + s.best, "B: " + other)), (s, s.completion[:30]),
                   (s, " M: a1a1 E: 0.0 B: a1a1")]
     pairs += [(samples[0], samples[0].completion.replace("B: b3b5", "B: " + m)) for m in ("d2e3", "b3a3")]
-    today = {"continuous": [1.0, 0.8, -0.3, 0.2, 0.6599999999999999, 0.74, -0.3, 0.2, 1.0, 0.8, -0.3, 0.2,
+    today = {"continuous": [1.0, 0.8, -0.3, 0.2, 0.6599999999999999, 0.74, -0.3, 0.2, 1.0, 1.0, -0.3, 0.2,
                             0.6200000000000001, 0.6000000000000001],
-             "graduated": [1.0, 0.8, -0.3, 0.2, 0.6, 0.6, -0.3, 0.2, 1.0, 0.8, -0.3, 0.2, 0.6, 0.6]}
+             "graduated": [1.0, 0.8, -0.3, 0.2, 0.6, 0.6, -0.3, 0.2, 1.0, 1.0, -0.3, 0.2, 0.6, 0.6]}
     for shaping, rewards in today.items():
         scored = score_batch([s for s, _ in pairs], [c for _, c in pairs], shaping)
         assert [r for r, _ in scored] == rewards

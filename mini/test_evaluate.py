@@ -92,7 +92,7 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     pinned = ev.per_sample_values([pin, pin], [" M: e2c3 E: 0.1 B: e2c3", " M: e1d1 E: 0.1 B: e1d1"])
     assert pinned["eval_P_best_legal_pin"] == [0.0, 1.0] and pinned["eval_P_best_legal_not_in_check"] == [0.0, 1.0]
     assert v["eval_P_best_legal_unconstrained"] == [1.0, 0.0] and "eval_P_best_legal_pin" not in v
-    assert v["eval_P_best_acc_pv1_legal"] == [0.0]  # one legal answer, not PV1; the illegal one is not counted
+    assert v["eval_P_best_acc_pv1_legal"] == [0.0, None]  # one legal answer, not PV1; the illegal one not counted
     assert v["eval_A_next_state_exact_h1-2"] == [1.0, 0.0] and v["eval_A_next_state_exact_h3-5"] == [1.0]
     assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]
     assert [phase(chess.Board(s.fen)) for s in (opening, endgame)] == ["opening", "endgame"]
@@ -189,7 +189,7 @@ def test_hand_computed():
         "r1bk3r/2p2ppp+0.001",                           # garbage
     ]
     values = ev.per_sample_values(samples, completions)
-    m = {k: sum(v) / len(v) for k, v in values.items()}
+    m = ev.means(values)  # None (an illegal answer's accuracy among legal ones) left out
     sim = 1 - 1 / len(fen)
     expected = {
         "eval_P_invalid": 0.25, "eval_format_valid_P": 0.75, "eval_P_best_legal": 0.5,

@@ -351,9 +351,9 @@ def test_selfplay_flags_reach_the_source(files, tmp_path, monkeypatch):
         "--data_source", "selfplay", "--selfplay_games", "3", "--selfplay_plies", "5", "--selfplay_refresh", "2",
         "--selfplay_mix", "0.7", "--selfplay_temperature", "0.8", "--selfplay_top_k", "4", "--mix_env_ratio", "0.3",
         "--stockfish_depth", "6", "--annotate_workers", "3", "--stockfish_path", "/usr/games/stockfish",
-        "--seed", "11"]))
+        "--seed", "11", "--policy_pad", "both"]))
     assert made[0].kw == dict(games=3, plies=5, temperature=0.8, top_k=4, max_new_tokens=6, mix=0.7, env_ratio=0.3,
-                              depth=6, workers=3, stockfish_path="/usr/games/stockfish", seed=11)
+                              depth=6, workers=3, stockfish_path="/usr/games/stockfish", seed=11, pads=(90, 89))
     monkeypatch.setattr(t.scorer, "submit", lambda samples, texts: lambda: [(float(i % 2), {}) for i in range(len(samples))])
     for _ in range(5):
         t.train_step()
