@@ -97,10 +97,13 @@ def eval_arbiter(arbiter, games, max_transitions=512):
 
 # ----------------------------------------------------------------------------- 4. games against Stockfish
 
+SF_STARTS = 2 * (len(OPENINGS) + 1)  # games against Stockfish, one per start (initial, OPENINGS) and colour
+
+
 def stockfish_start(i):
     """Game i's start against Stockfish: pairs of games (the player White, then Black) from the initial
     position, then from OPENINGS in turn."""
-    return ["initial", *OPENINGS][(i // 2) % (len(OPENINGS) + 1)]
+    return ["initial", *OPENINGS][i % SF_STARTS // 2]
 
 
 def stockfish_move(engine, path, board, nodes):
@@ -315,7 +318,7 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.6, help="self-play sampling temperature")
     p.add_argument("--top_k", type=int, default=5, help="self-play top-k")
     p.add_argument("--arbiter_max", type=int, default=512, help="A: prompts on self-play transitions (0: skip)")
-    p.add_argument("--sf_games", type=int, default=2 * (len(OPENINGS) + 1),
+    p.add_argument("--sf_games", type=int, default=SF_STARTS,
                    help="games against Stockfish; the default plays every start as each colour (0: skip)")
     p.add_argument("--sf_skill", type=int, default=20, help="Stockfish Skill Level (0-20; below 20 random, unpaired)")
     p.add_argument("--sf_nodes", type=int, default=1000, help="Stockfish nodes per move")
@@ -345,10 +348,9 @@ def main(argv=None):
         return
     if not a.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER, or --build_mates)")
-    starts = 2 * (len(OPENINGS) + 1)
-    if a.sf_skill == 20 and a.sf_games > starts:  # a deterministic game of the greedy player repeats move for move
-        p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {starts} starts and colours "
-                f"gives one game, so ask for at most {starts} (or a --sf_skill below 20, whose games are random)")
+    if a.sf_skill == 20 and a.sf_games > SF_STARTS:  # a deterministic game of the greedy player repeats move for move
+        p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {SF_STARTS} starts and "
+                f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are random)")
     device = resolve_device(a.device)
     try:
         model, tok = load_model(a.model_path, device)
