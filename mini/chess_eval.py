@@ -202,6 +202,7 @@ def run_suite(greedy, sampler, a):
                 fens = [r["fen"] for r in map(json.loads, f) if "fen" in r][:a.n_quality]
             with Annotator(binary, depth=a.sf_depth, workers=a.workers, cache_path="", multipv=1) as ann:
                 vals, report["move_quality"] = eval_quality(greedy, fens, ann)
+            report["engine"] = ENGINE_NAMES[binary]
             values.update(vals)
             metrics["chess_cpl_median"] = float(statistics.median(vals["chess_cpl"]))
         else:
@@ -227,6 +228,7 @@ def run_suite(greedy, sampler, a):
         if binary:
             report["stockfish_games"] = stockfish_games(greedy, a.sf_games, binary, a.sf_skill, a.sf_nodes, a.max_plies)
             values.update(stockfish_values(report["stockfish_games"]))
+            report["engine"] = ENGINE_NAMES[binary]
         else:
             report["skipped"]["stockfish_games"] = reason
         seconds["stockfish_games"] = time.perf_counter() - t
@@ -244,10 +246,11 @@ def items_of(report):
             "stockfish_games": [[g["start"], g["white"]] for g in report.get("stockfish_games", [])]}
 
 
-# the settings each section's per-item values depend on, beside its items: --compare pairs only equal ones
-SECTION_SETTINGS = {"mate_in_one": ("max_new_tokens",), "move_quality": ("max_new_tokens", "sf_depth"),
+# the settings each section's per-item values depend on, beside its items: --compare pairs only equal ones.
+# "engine" is Stockfish's `id name`: another version judges moves and plays games otherwise
+SECTION_SETTINGS = {"mate_in_one": ("max_new_tokens",), "move_quality": ("max_new_tokens", "sf_depth", "engine"),
                     "selfplay": ("max_new_tokens", "max_plies", "temperature", "top_k"),
-                    "stockfish_games": ("max_new_tokens", "max_plies", "sf_skill", "sf_nodes")}
+                    "stockfish_games": ("max_new_tokens", "max_plies", "sf_skill", "sf_nodes", "engine")}
 
 
 def compare(before_json, after_json, n_boot=2000, seed=0):
@@ -270,7 +273,8 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
             continue  # not paired, or not run by both
         if items != reports[1]["items"][name]:
             raise ValueError(f"the two reports' {name} items differ; run both with the same counts and data")
-        differ = [f"--{k} {settings[0][k]} and {settings[1][k]}" for k in SECTION_SETTINGS.get(name, ())
+        differ = [f"{'the engine' if k == 'engine' else '--' + k} {settings[0][k]} and {settings[1][k]}"
+                  for k in SECTION_SETTINGS.get(name, ())
                   if k in settings[0] and k in settings[1] and settings[0][k] != settings[1][k]]
         if differ:
             raise ValueError(f"the two reports' {name} sections ran with other settings ({', '.join(differ)}); "
@@ -361,7 +365,7 @@ def main(argv=None):
         report = run_suite(greedy, sampler, a)
     except (LoadError, OSError, ValueError, EngineFailure) as e:
         sys.exit(f"chess_eval.py: {e}")
-    report = {"suite": "chess", "model_path": a.model_path, "settings": vars(a),
+    report = {"suite": "chess", "model_path": a.model_path, "settings": dict(vars(a), engine=report.pop("engine", None)),
               "total_seconds": time.perf_counter() - t0, **report}
     print_table(report)
     out = a.out or os.path.join(a.model_path if os.path.isdir(a.model_path) else ".", "chess.json")

@@ -400,15 +400,36 @@ def test_eval_quality_asks_the_engine_about_the_players_moves_and_marks_illegal_
     assert [r["fen"] for r in rows] == fens and rows[1]["completion"] == answers[fens[1]]
 
 
-def test_run_suite_reports_the_median_centipawn_loss(monkeypatch):
-    """chess_cpl_median is the median of the per-position losses (0, 300, 1000, 50 -> 175), chess_cpl their mean."""
+def test_run_suite_reports_the_median_centipawn_loss_and_the_engine(monkeypatch):
+    """chess_cpl_median is the median of the per-position losses (0, 300, 1000, 50 -> 175), chess_cpl their mean;
+    the engine that judged them is named by its UCI `id name`."""
     monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: ("stockfish", None))
     monkeypatch.setattr(ce, "Annotator", FakeAnnotator)
+    monkeypatch.setitem(ce.ENGINE_NAMES, "stockfish", "Stockfish 99")
     a = ce.parse_args(["--n_mates", "0", "--n_quality", "4", "--games", "0", "--sf_games", "0"])[1]
     report = ce.run_suite(answering(first_legal), answering(first_legal), a)
     assert report["values"]["chess_cpl"] == [0.0, 300.0, 1000.0, 50.0]
     assert report["metrics"]["chess_cpl_median"] == 175.0 and report["metrics"]["chess_cpl"] == 337.5
-    assert len(report["items"]["move_quality"]) == 4
+    assert len(report["items"]["move_quality"]) == 4 and report["engine"] == "Stockfish 99"
+
+
+def test_compare_refuses_moves_judged_by_another_engine(tmp_path):
+    """Centipawn losses from Stockfish 15.1 and 16 are not paired; reports without the name (older ones), or a
+    section that needs no engine, are."""
+    report = {"suite": "chess", "metrics": {"chess_cpl": 0.5}, "values": {"chess_cpl": [0.0, 1.0]},
+              "items": {"move_quality": ["f1", "f2"]}, "settings": {"sf_skill": 20, "engine": "Stockfish 15.1"}}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(report, open(paths[0], "w"))
+    json.dump(dict(report, settings={"sf_skill": 20, "engine": "Stockfish 16"}), open(paths[1], "w"))
+    with pytest.raises(ValueError, match=r"move_quality sections ran with other settings \(the engine Stockfish 15.1 "
+                                         r"and Stockfish 16\)"):
+        ce.compare(*paths)
+    json.dump(dict(report, settings={"sf_skill": 20}), open(paths[1], "w"))
+    assert ce.compare(*paths)[0]["chess_cpl"][:3] == (0.5, 0.5, 0.0)
+    mates = dict(report, items={"mate_in_one": ["f1", "f2"]}, values={"chess_mate_acc": [0.0, 1.0]}, metrics={})
+    json.dump(mates, open(paths[0], "w"))
+    json.dump(dict(mates, settings={"sf_skill": 20, "engine": "Stockfish 16"}), open(paths[1], "w"))
+    assert ce.compare(*paths)[0]["chess_mate_acc"][:3] == (0.5, 0.5, 0.0)
 
 
 def test_stockfish_starts_pair_the_colours_and_the_default_plays_each_start_as_both():
