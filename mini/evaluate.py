@@ -374,7 +374,8 @@ def main(argv=None):
     report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n, "pad": args.pad,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
               "metrics": metrics, "counts": {k: len(known(v)) for k, v in values.items()},
-              "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path},
+              "engine": engine and {"limit": engine.annotator().tag, "stockfish": engine.stockfish_path,
+                                    "name": engine.annotator().engine},
               "samples": [{"task": s.task, "prompt": s.prompt, "completion": c, "label": s.completion}
                           for s, c in zip(samples, completions)]}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
