@@ -8,6 +8,7 @@ Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes
 import argparse
 import itertools
 import json
+import math
 import os
 import queue
 import random
@@ -84,6 +85,16 @@ def play_games(tag, n, stockfish_path, workers, cache_dir=""):
     return games
 
 
+def quotas(n, shares):
+    """{key: count} that add up to n, each n * share rounded by the largest remainder (ties to the first key), so
+    that no count goes negative as rounding each one up could make the last (0.25, 0.25, 0.5 of 30: 8, 7, 15)."""
+    exact = {k: n * share for k, share in shares.items()}
+    out = {k: math.floor(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: out[k] - exact[k])[:n - sum(out.values())]:  # stable: ties keep the order
+        out[k] += 1
+    return out
+
+
 def game_positions(games, rng, n, exclude=frozenset(), king_shares=None):
     """n distinct positions (fen, history, phase) drawn uniformly over the plies of the games, none over
     and none whose key is in exclude. king_shares: {class: share} over positions.king_constraint's classes, that
@@ -94,9 +105,8 @@ def game_positions(games, rng, n, exclude=frozenset(), king_shares=None):
     candidates = [(fen, history) for moves, _ in games for fen, history, _ in game_transitions(moves)]
     rng.shuffle(candidates)
     wanted = None
-    if king_shares is not None:
-        wanted = {k: round(n * share) for k, share in king_shares.items()}
-        wanted[None] = n - sum(wanted.values())  # None: every class not named
+    if king_shares is not None:  # None: every class not named
+        wanted = quotas(n, {**king_shares, None: max(0.0, 1 - sum(king_shares.values()))})
     for fen, history in candidates:
         key = position_key(fen)
         if key in seen:

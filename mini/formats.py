@@ -81,7 +81,15 @@ def policy_completion(moves, evals, best):
 
 
 def _history(history):
-    return history.split() if isinstance(history, str) else list(history)
+    """The moves of a history as a list: from a list of UCI strings or one string of them separated by spaces
+    (a hand-made record's "history"); ValueError for anything else, which a prompt would print as garbage."""
+    try:
+        moves = history.split() if isinstance(history, str) else list(history)
+    except TypeError:
+        moves = None
+    if moves is None or not all(isinstance(m, str) for m in moves):
+        raise ValueError(f"a history is a list of UCI moves or one string of them, not {history!r:.40}")
+    return moves
 
 
 def env_prompt(fen, move, history):
@@ -193,7 +201,7 @@ def policy_sample(fen, moves, evals, best=None, history=()):
     if not all(map(math.isfinite, evals)):
         raise ValueError(f"evals {evals} are not all finite numbers")
     return Sample("P", fen, policy_prompt(fen), policy_completion(moves, evals, best),
-                  moves=list(moves), evals=evals, best=best, history=list(history))
+                  moves=list(moves), evals=evals, best=best, history=_history(history))
 
 
 def env_sample(fen, move, history):

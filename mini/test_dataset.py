@@ -91,6 +91,15 @@ def test_a_data_file_never_yields_a_held_out_position(tmp_path):
         make_source(Config(data_source="file", data_file=str(path)))
 
 
+def test_a_rebuilt_pool_never_yields_a_held_out_position(tmp_path, monkeypatch):
+    """The shipped pool's source filters as a file's does: a pool rebuilt with other settings may hold eval positions."""
+    path = tmp_path / "pool.jsonl"
+    with open(POOL_PATH) as pool, open(EVAL_PATH) as held_out:
+        path.write_text("".join(pool.readlines()[:3] + held_out.readlines()[1:3]))
+    monkeypatch.setattr("mini.dataset.POOL_PATH", str(path))
+    assert make_source(Config()).policy == load_jsonl(POOL_PATH)[:2]
+
+
 def test_policy_sft_on_a_file_without_p_positions_says_so(tmp_path):
     """--policy_sft_coef draws P: positions: from a file of A: transitions alone it would wait for ever."""
     path = tmp_path / "transitions.jsonl"
@@ -118,12 +127,16 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
            ({"fen": "8/8/8/8/8/8/8/8 w - - 0 1", "moves": ["e2e4"], "evals": [0.1]},
             "impossible position '8/8/8/8/8/8/8/8 w - - 0 1' (no white king, no black king, empty)"),  # no pieces
            ({"fen": START, "moves": ["e2e4", "d2d4", "g1f3", "b1c3", "c2c4", "g2g3"], "evals": [0.0] * 6}, "1 to 5 moves"),
-           ({"fen": START, "moves": [], "evals": []}, "1 to 5 moves")]
+           ({"fen": START, "moves": [], "evals": []}, "1 to 5 moves"),
+           (dict(good, history=5), "a history is a list of UCI moves or one string of them, not 5"),
+           ({"fen": START, "move": "e2e4", "history": ["e2e4", 7]}, "a history is a list of UCI moves")]
     path = tmp_path / "positions.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [{"meta": {}}, good] + [r for r, _ in bad]))
-    assert [(s.fen, s.moves, s.best) for s in load_jsonl(str(path))] == [(START, ["e2e4", "d2d4"], "e2e4")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"meta": {}}, good] + [r for r, _ in bad]
+                            + [dict(good, history="g1f3 g8f6")]))  # a string of moves, as an A: record's may be
+    assert [(s.fen, s.moves, s.best, s.history) for s in load_jsonl(str(path))] == [
+        (START, ["e2e4", "d2d4"], "e2e4", []), (START, ["e2e4", "d2d4"], "e2e4", ["g1f3", "g8f6"])]
     err = capsys.readouterr().err.splitlines()
-    assert [line.startswith(f"{path}:{i}: ") and what in line for i, (line, (_, what)) in enumerate(zip(err, bad), 3)] == [True] * 6
+    assert [line.startswith(f"{path}:{i}: ") and what in line for i, (line, (_, what)) in enumerate(zip(err, bad), 3)] == [True] * 8
     with pytest.raises(ValueError, match=f"{path}:3: bad FEN"):
         load_jsonl(str(path), skip_bad_lines=False)
 

@@ -13,7 +13,7 @@ import chess.engine
 import pytest
 
 import mini.positions as positions
-from mini.annotate import game_env_records, game_positions, main as annotate_main, play_games
+from mini.annotate import game_env_records, game_positions, main as annotate_main, play_games, quotas
 from mini.config import MATE_PATH
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import UCI, legal_ucis, policy_prompt, policy_sample, position_key
@@ -284,7 +284,7 @@ BISHOP_H6_10 = ["d2d4", "g7g6", "g2g4", "f8h6", "d1d3", "a7a6", "e2e4", "f7f6", 
 
 
 def test_king_shares_draw_those_shares_by_what_the_kings_safety_forbids():
-    """--king_shares: round(n * share) of the n positions of each class named, the rest among the classes not
+    """--king_shares: n * share (largest remainder) of the n positions of each class named, the rest among the classes not
     named, each distinct; where the games hold too few of a class, all of them and no more (n not reached)."""
     games = HAND_GAMES + [(CHECKS_10, "max_plies"), (BISHOP_H6_10, "max_plies")]
     in_check = {position_key(board_after(CHECKS_10[:i]).fen()) for i in (3, 5, 9)}
@@ -302,10 +302,23 @@ def test_king_shares_draw_those_shares_by_what_the_kings_safety_forbids():
         if squares is not None:
             assert sum(k in king_square for k in keys) == squares
         assert all(chess.Board(f).is_check() == (position_key(f) in in_check) for f, _, _ in got)
+    got = game_positions(games, random.Random(1), 4, king_shares={"check": 0.375, "king_square": 0.375, "pin": 0.25})
+    assert sorted(king_constraint(chess.Board(f)) for f, _, _ in got) == ["check", "check", "king_square", "pin"]
     got = game_positions(games, random.Random(1), 8, king_shares={"check": 1.0})
     assert {position_key(f) for f, _, _ in got} == in_check  # three in check is all there is
     got = game_positions(games, random.Random(1), 8, king_shares={"king_square": 0.5})
     assert len(got) == 7 and king_square <= {position_key(f) for f, _, _ in got}  # 3 of the 4 wanted, 4 others
+
+
+def test_quotas_add_up_to_n_by_the_largest_remainder():
+    """Rounding each share (7.5, 7.5, 15 of 30) would give 8 + 8 + 15 = 31 and the rest -1, which drew without
+    limit; the largest remainder gives 8, 7, 15 and 0."""
+    assert quotas(30, {"check": 0.25, "pin": 0.25, "king_square": 0.5, None: 0.0}) == {
+        "check": 8, "pin": 7, "king_square": 15, None: 0}
+    assert quotas(10, {"a": 0.34, "b": 0.33, None: 0.33}) == {"a": 4, "b": 3, None: 3}
+    assert quotas(24000, {"check": 0.4, None: 0.6}) == {"check": 9600, None: 14400}
+    assert quotas(20000, {"check": 0.2, "pin": 0.1, "king_square": 0.5, None: 0.2}) == {
+        "check": 4000, "pin": 2000, "king_square": 10000, None: 4000}
 
 
 @pytest.mark.parametrize("games, text, says", [(1, "checks=0.4", "not a class"), (1, "check=x", "needs a share"),
