@@ -95,7 +95,18 @@ def read_config(path):
     if sizes["n_embd"] % sizes["n_head"]:
         raise LoadError(f"{cfg_file}: n_embd {sizes['n_embd']} is not a multiple of n_head {sizes['n_head']}; fix it "
                         "or download or save the snapshot again")
+    for name, allowed in FIXED_ARCHITECTURE.items():
+        if name in hf and hf[name] not in allowed:
+            raise LoadError(f"{cfg_file}: {name} is {json.dumps(hf[name]):.40}, but mini/model.py computes GPT-2 with "
+                            f"{' or '.join(map(json.dumps, allowed))} only; it would load as another model")
     return GPTConfig(**sizes)
+
+
+# what mini/model.py computes and GPT-2's config.json may say otherwise (its defaults first): a snapshot that
+# asks for another would load without a missing weight and compute something else
+FIXED_ARCHITECTURE = {"tie_word_embeddings": (True,), "layer_norm_epsilon": (1e-5,),
+                      "activation_function": ("gelu_new", "gelu_pytorch_tanh"), "scale_attn_weights": (True,),
+                      "scale_attn_by_inverse_layer_idx": (False,)}
 
 
 def read_state_dict(path):
@@ -125,8 +136,8 @@ def load_model(name_or_path, device="cpu"):
     loaded = set()
     for key, w in read_state_dict(path).items():
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
-        if key.endswith((".attn.bias", ".attn.masked_bias")):  # HF's causal-mask buffers
-            continue
+        if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":  # HF's causal-mask
+            continue  # buffers, and the output layer, which is the embedding (tied), read from wte as transformers does
         if key not in own:
             raise LoadError(f"{path}: unexpected weight {key!r}; this is not a GPT-2 checkpoint")
         if key.endswith(CONV1D):
@@ -136,7 +147,7 @@ def load_model(name_or_path, device="cpu"):
                             f"{tuple(own[key].shape)}; config.json and the weights do not match")
         own[key].copy_(w.float())
         loaded.add(key)
-    missing = set(own) - loaded - {"lm_head.weight"}  # lm_head is tied to wte
+    missing = set(own) - loaded - {"lm_head.weight"}
     if missing:
         raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
     has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))

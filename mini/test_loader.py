@@ -136,6 +136,34 @@ def test_an_old_checkpoint_without_prefixes_and_with_attention_buffers_loads(sna
     assert torch.equal(loaded(IDS), model(IDS))
 
 
+@pytest.mark.parametrize("name,value", [("tie_word_embeddings", False), ("layer_norm_epsilon", 1e-6),
+                                        ("activation_function", "relu"), ("scale_attn_by_inverse_layer_idx", True)])
+def test_an_architecture_the_model_does_not_compute_is_a_load_error(snapshot, tmp_path, name, value):
+    """A config.json with an untied output layer (or another epsilon, activation, attention scale) would load
+    every weight and compute another model: refused, naming the field."""
+    _, path = snapshot
+    snap = copy_snapshot(path, tmp_path, load_file(os.path.join(path, "model.safetensors")))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    os.unlink(tmp_path / "config.json")  # a link to the snapshot's
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, name: value}))
+    with pytest.raises(LoadError, match=f"config.json: {name} is {json.dumps(value)}, but mini/model.py computes"):
+        load_model(snap)
+
+
+@torch.no_grad()
+def test_a_stored_output_layer_is_the_embedding(snapshot, tmp_path):
+    """GPT-2 ties its output layer to the embedding: an lm_head.weight stored beside it is left as transformers
+    leaves it, even last in the file (a pytorch_model.bin keeps the order), where it overwrote the embedding."""
+    model, path = snapshot
+    state = load_file(os.path.join(path, "model.safetensors"))
+    state["lm_head.weight"] = torch.randn_like(state["transformer.wte.weight"])
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        os.link(os.path.join(path, f), tmp_path / f)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded, _ = load_model(str(tmp_path))
+    assert torch.equal(loaded(IDS), model(IDS))
+
+
 def test_missing_unexpected_and_too_many_tokens_are_load_errors(snapshot, tmp_path):
     """A checkpoint without a weight, with a foreign one, or with fewer logits than its tokenizer has tokens is a
     LoadError that says so, not random weights, a KeyError, or token ids past the output layer."""

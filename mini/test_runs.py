@@ -188,6 +188,24 @@ def test_a_resumed_run_goes_on_from_its_own_latest_step(tiny, tmp_path, two_step
     assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3]
 
 
+def test_a_crash_before_a_steps_row_leaves_no_checkpoint_past_it(tiny, tmp_path, monkeypatch):
+    """A step's row is written before its stable.pt (the best held-out reward): a run killed in between resumed
+    from stable.pt, past a step that metrics.jsonl never held; now it resumes before it and the step is redone."""
+    write_step = train.Trainer.write_step
+
+    def killed_at_step_2(self, m, r, tasks):
+        if self.step == 2:
+            raise RuntimeError("killed")
+        write_step(self, m, r, tasks)
+    monkeypatch.setattr(train.Trainer, "write_step", killed_at_step_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        train.main(args(tiny, tmp_path, "r", 4, "--eval_every", "2", "--eval_n", "2", "--save_every", "3"))
+    monkeypatch.setattr(train.Trainer, "write_step", write_step)
+    assert train.main(args(tiny, tmp_path, "r", 4, "--eval_every", "2", "--eval_n", "2", "--save_every", "3",
+                           "--auto_resume")) == 0
+    assert [m["step"] for m in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
 def test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
     run = RunDir(str(tmp_path), "p")
     for step in (999_998, 999_999, 1_000_000):  # a seventh digit sorts first by name

@@ -333,13 +333,15 @@ class Trainer(Resumable):
         KL runs away. Rank 0 evaluates and writes; every rank takes part in the checkpoints."""
         cfg = self.cfg
         self.best_reward = max(self.best_reward, m["reward_mean"])
+        improved = False
         if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
             m.update(distributed.from_main(self.held_out_metrics() if self.main else None))
-            if m["eval_reward"] > self.best_eval:
-                self.best_eval = m["eval_reward"]
-                self.save("stable.pt")
+            improved = m["eval_reward"] > self.best_eval
+            self.best_eval = max(self.best_eval, m["eval_reward"])
         if self.main:
             self.write_step(m, r, tasks)
+        if improved:  # after the step's row: a checkpoint past a row never written would resume past the step
+            self.save("stable.pt")
         if cfg.kl_threshold > 0 and abs(m.get("kl", 0.0)) > cfg.kl_threshold:
             self.save_regular()
             raise StopRun(f"KL {m['kl']:.4f} exceeds --kl_threshold {cfg.kl_threshold} at step {self.step}; "
