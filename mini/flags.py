@@ -58,10 +58,10 @@ def problems(values, checks=None):
     if world > 1 and v("batch_size") and v("batch_size") % world:
         out.append(f"--batch_size {v('batch_size')} does not divide among the {world} processes torchrun started "
                    f"(it is the global number of prompts per step); use a multiple of {world}")
-    if v("decay_steps") and v("steps") and v("warmup_steps", 0) + v("decay_steps") > v("steps"):
-        out.append(f"--warmup_steps {v('warmup_steps', 0)} and --decay_steps {v('decay_steps')} add up to more than "
-                   f"--steps {v('steps')}, so the LR would fall from its peak at once when the warmup ends; "
-                   "lower one of them")
+    if v("decay_steps") and v("steps") and v("warmup_steps", 0) + v("decay_steps") >= v("steps"):
+        out.append(f"--warmup_steps {v('warmup_steps', 0)} and --decay_steps {v('decay_steps')} leave no step of "
+                   f"--steps {v('steps')} for the cosine between them, so the LR would fall from its peak at once "
+                   "when the warmup ends; lower one of them")
     if v("n_embd") and v("n_head") and v("n_embd") % v("n_head"):
         out.append(f"--n_embd {v('n_embd')} must be a multiple of --n_head {v('n_head')}")
     if v("baseline_type") == "ema" and v("scale_rewards", "group") == "group":

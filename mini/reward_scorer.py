@@ -11,6 +11,7 @@ The full specification, with its weights and a table of engine scores, is in the
 """
 import math
 import os
+import sys
 import threading
 from dataclasses import dataclass, replace
 
@@ -264,38 +265,59 @@ def group_chunks(samples, parts):
 class ScoringPool:
     """Scores a rollout in worker processes while the caller goes on (the GPU computes reference
     log-probs meanwhile); with workers = 0 it scores in this process. submit() returns a function
-    that waits for the (reward, components) list, in order; after it, metrics holds the batch's
-    engine_metrics. engine: an EngineReward for --p_reward engine (engine_reward(cfg)), None for labels."""
+    that waits for the (reward, components) list, in order; take_metrics() then gives the engine_metrics of
+    every batch waited for since it was last called (one step's, however many rounds dynamic sampling drew). engine: an EngineReward for --p_reward engine (engine_reward(cfg)), None for labels."""
 
     def __init__(self, workers, shaping="continuous", engine=None):
-        self.shaping, self.workers, self.metrics = shaping, workers, {}
+        self.shaping, self.workers, self.counters = shaping, workers, []
         if engine is not None and not engine.engines:  # share the cores among the scoring processes
             engine = replace(engine, engines=max(1, (os.cpu_count() or 1) // max(1, workers)))
-        self.engine, self.pool = engine, None
-        if workers > 0:  # spawn: forking a process that holds CUDA state is unsafe
-            from concurrent.futures import ProcessPoolExecutor
-            from multiprocessing import get_context
-            # each worker leaves the caller's process group: a SIGTERM or Ctrl-C sent to the group (`timeout`, a
-            # terminal) must reach the trainer alone, which finishes its step on this pool, saves and closes it
-            self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=os.setpgrp)
+        self.engine, self.pool = engine, self.new_pool() if workers > 0 else None
+
+    def new_pool(self):
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+        # spawn: forking a process that holds CUDA state is unsafe. Each worker leaves the caller's process group: a
+        # SIGTERM or Ctrl-C sent to the group (`timeout`, a terminal) must reach the trainer alone, which finishes
+        # its step on this pool, saves and closes it
+        return ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=os.setpgrp)
 
     def submit(self, samples, completions):
         if self.pool is None:
             done = [score_chunk(samples, completions, self.shaping, self.engine)]
             collect = lambda: done
         else:
+            from concurrent.futures.process import BrokenProcessPool
             from mini.runtime import caller_script_hidden  # here: the workers import this module, and need no torch
             bounds = group_chunks(samples, self.workers) + [len(samples)]
-            with caller_script_hidden():  # submit spawns the workers, which would run an unguarded script again
-                futures = [self.pool.submit(score_chunk, samples[a:b], completions[a:b], self.shaping, self.engine)
-                           for a, b in zip(bounds, bounds[1:])]
-            collect = lambda: [f.result() for f in futures]
+            try:
+                with caller_script_hidden():  # submit spawns the workers, which would run an unguarded script again
+                    futures = [self.pool.submit(score_chunk, samples[a:b], completions[a:b], self.shaping, self.engine)
+                               for a, b in zip(bounds, bounds[1:])]
+            except BrokenProcessPool:  # a worker died since the last batch
+                futures = None
+
+            def collect():
+                try:
+                    if futures is not None:
+                        return [f.result() for f in futures]
+                except BrokenProcessPool:  # a worker died on this batch (the OOM killer, a stray kill)
+                    pass
+                print("a scoring worker died: this batch is scored in the trainer's process (the same rewards), "
+                      "and the workers are started again", file=sys.stderr)
+                self.pool.shutdown(cancel_futures=True)
+                self.pool = self.new_pool()
+                return [score_chunk(samples, completions, self.shaping, self.engine)]
 
         def wait():
             parts = collect()
-            self.metrics = engine_metrics([counters for _, counters in parts])
+            self.counters += [counters for _, counters in parts]
             return [x for scores, _ in parts for x in scores]
         return wait
+
+    def take_metrics(self):
+        metrics, self.counters = engine_metrics(self.counters), []
+        return metrics
 
     def close(self):
         if self.pool is not None:

@@ -60,7 +60,9 @@ BAD = [
     (["--model_path", "./no/such/model"], "does not exist"),
     (["--model_path", "a/b/c"], "does not exist"),  # deeper than owner/name: a path
     (["--steps", "100", "--warmup_steps", "10", "--decay_steps", "95"],
-     "--warmup_steps 10 and --decay_steps 95 add up to more than --steps 100"),  # a jump from 1 to 0.095 at step 10
+     "--warmup_steps 10 and --decay_steps 95 leave no step of --steps 100"),  # a jump from 1 to 0.095 at step 10
+    (["--steps", "20", "--warmup_steps", "10", "--decay_steps", "10"],
+     "--warmup_steps 10 and --decay_steps 10 leave no step of --steps 20"),  # 1.0 at step 9, min_lr_ratio at 10
 ]
 
 
@@ -82,7 +84,7 @@ def test_a_bad_flag_is_one_line(capsys, argv, message):
 def test_the_same_checks_serve_every_script(capsys):
     assert "--batch_size 0 must be at least 1" in one_line_exit(capsys, sft.main, ["--batch_size", "0"])
     assert "--n_embd 100 must be a multiple of --n_head 3" in one_line_exit(capsys, sft.main, ["--n_embd", "100", "--n_head", "3"])
-    assert "add up to more than --steps 10" in one_line_exit(capsys, sft.main, ["--steps", "10", "--decay_steps", "5"])
+    assert "leave no step of --steps 10" in one_line_exit(capsys, sft.main, ["--steps", "10", "--decay_steps", "5"])
     assert "--k_samples" in one_line_exit(capsys, sft.main, ["--k_samples", "4"])  # not an sft flag
     for n in ("0", "-3"):
         assert f"--n {n} must be at least 1" in one_line_exit(capsys, evaluate.main, ["--n", n, "--model_path", "x"])

@@ -102,7 +102,7 @@ def test_labels_mode_is_todays_reward():
         assert [r for r, _ in scored] == rewards
         assert scored == [score(s, c, shaping) for s, c in pairs]
         pool = ScoringPool(0, shaping, engine_reward(Config()))  # default --p_reward labels: no engine
-        assert pool.submit([s for s, _ in pairs], [c for _, c in pairs])() == scored and pool.metrics == {}
+        assert pool.submit([s for s, _ in pairs], [c for _, c in pairs])() == scored and pool.take_metrics() == {}
 
 
 def test_group_chunks_keep_groups_whole():
@@ -224,12 +224,16 @@ def test_worker_process_agrees_with_inline():
     completions = [answer(EQUAL, m) for m in ("b1c3", "g2g4", "e2e4")] + [answer(QUEEN, m) for m in ("d6e5", "a7a6", "f5e4")]
     inline = ScoringPool(0, engine=engine())
     want = inline.submit(samples, completions)()
-    assert inline.metrics["engine_lookups"] == 4
+    assert inline.submit(samples, completions)() == want  # a second round of dynamic sampling, from the cache
+    m = inline.take_metrics()  # both rounds, not the last alone
+    assert (m["engine_lookups"], m["engine_cache_hit_rate"], m["engine_rejected"]) == (8, 0.5, 0)
+    assert inline.take_metrics() == {}  # taken once a step
     inline.close()
     pool = ScoringPool(1, engine=engine())
     try:
         assert pool.submit(samples, completions)() == want
-        assert pool.metrics["engine_lookups"] == 4 and pool.metrics["engine_cache_hit_rate"] == 0.0
+        metrics = pool.take_metrics()
+        assert metrics["engine_lookups"] == 4 and metrics["engine_cache_hit_rate"] == 0.0
     finally:
         pool.close()
 

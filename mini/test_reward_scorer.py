@@ -2,6 +2,8 @@
 order, nothing raises."""
 import os
 import random
+import signal
+import time
 
 import chess
 import pytest
@@ -138,6 +140,25 @@ def test_scoring_pool_equals_score_batch(workers):
         assert pool.submit(samples, completions)() == score_batch(samples, completions, "graduated")
         # a SIGTERM to the trainer's process group (`timeout`) must not kill the workers the step still needs
         assert all(os.getpgid(pid) != os.getpgrp() for pid in (pool.pool._processes if workers else ()))
+    finally:
+        pool.close()
+
+
+def test_a_dead_scoring_worker_costs_one_batch_in_process_not_the_run(capsys):
+    """A worker killed (the OOM killer) while idle or while scoring: that batch is scored in this process with the
+    same rewards, said in one line, and the next batch goes to a fresh pool; before, a BrokenProcessPool traceback."""
+    samples = [parse_line(x) for x in P_LINES + A_LINES] * 2
+    completions = [s.completion if i % 2 else s.completion[:-3] for i, s in enumerate(samples)]
+    want = score_batch(samples, completions, "graduated")
+    pool = ScoringPool(2, "graduated")
+    try:
+        assert pool.submit(samples, completions)() == want
+        for pid in list(pool.pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert pool.submit(samples, completions)() == want
+        assert "a scoring worker died" in capsys.readouterr().err
+        assert pool.submit(samples, completions)() == want and not capsys.readouterr().err  # the fresh pool
     finally:
         pool.close()
 

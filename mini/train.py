@@ -173,7 +173,7 @@ class Trainer(Resumable):
         self.step += 1
         m = {"step": self.step, **stats, **adv_stats, **batch.metrics(cfg.max_new_tokens),
              **(self.selfplay.metrics if self.selfplay else {}),
-             **self.scorer.metrics, **timer.seconds(),  # the scorer's and the timings are this rank's
+             **self.scorer.take_metrics(), **timer.seconds(),  # the scorer's and the timings are this rank's
              "peak_mem_mb": peak_memory_mb(self.device)}
         self.finish_step(m, r, batch.tasks)  # evaluation, logs, checkpoints
         return m
