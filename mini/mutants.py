@@ -175,7 +175,7 @@ MUTANTS = [
            (TWO_RANKS_RESUME,)),
     # rewards (mini/reward_scorer.py)
     Mutant("pool_reorders_chunks", "the scoring pool returns its workers' chunks in reverse order",
-           "reward_scorer.py", "collect = lambda: [f.result() for f in futures]", "collect = lambda: [f.result() for f in futures[::-1]]",
+           "reward_scorer.py", "return [f.result() for f in futures]", "return [f.result() for f in futures[::-1]]",
            ("mini/test_train.py::test_scoring_in_worker_processes_changes_nothing",)),
     Mutant("repeated_move_counted", "a move named several times in M: counts once per repeat",
            "reward_scorer.py", "hits = [m for m in named if m in true_evals]", "hits = [m for m in moves if m in true_evals]",
