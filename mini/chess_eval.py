@@ -354,7 +354,8 @@ def main(argv=None):
         p.error("--model_path is required (or --compare BEFORE AFTER, or --build_mates)")
     if a.sf_skill == 20 and a.sf_games > SF_STARTS:  # a deterministic game of the greedy player repeats move for move
         p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {SF_STARTS} starts and "
-                f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are random)")
+                f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are "
+                "random)")
     device = resolve_device(a.device)
     try:
         model, tok = load_model(a.model_path, device)
@@ -365,7 +366,8 @@ def main(argv=None):
         report = run_suite(greedy, sampler, a)
     except (LoadError, OSError, ValueError, EngineFailure) as e:
         sys.exit(f"chess_eval.py: {e}")
-    report = {"suite": "chess", "model_path": a.model_path, "settings": dict(vars(a), engine=report.pop("engine", None)),
+    settings = dict(vars(a), engine=report.pop("engine", None))  # the Stockfish that judged or played, if one did
+    report = {"suite": "chess", "model_path": a.model_path, "settings": settings,
               "total_seconds": time.perf_counter() - t0, **report}
     print_table(report)
     out = a.out or os.path.join(a.model_path if os.path.isdir(a.model_path) else ".", "chess.json")

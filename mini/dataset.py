@@ -339,7 +339,8 @@ def make_source(cfg, buffer=None, rank=0):
     held_out = held_out_keys()  # also out of the shipped pool, which a rebuild by other settings could mix in
     samples = [s for s in samples if not shows_held_out(s, held_out)]
     if not samples:
-        raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one position")
+        raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one "
+                         "position")
     if cfg.policy_sft_coef > 0 and not any(s.task == "P" for s in samples):
         raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position for --policy_sft_coef to learn from: add "
                          "a file with P: positions, or leave --policy_sft_coef at 0")

@@ -266,7 +266,8 @@ class ScoringPool:
     """Scores a rollout in worker processes while the caller goes on (the GPU computes reference
     log-probs meanwhile); with workers = 0 it scores in this process. submit() returns a function
     that waits for the (reward, components) list, in order; take_metrics() then gives the engine_metrics of
-    every batch waited for since it was last called (one step's, however many rounds dynamic sampling drew). engine: an EngineReward for --p_reward engine (engine_reward(cfg)), None for labels."""
+    every batch waited for since it was last called (one step's, however many rounds dynamic sampling drew).
+    engine: an EngineReward for --p_reward engine (engine_reward(cfg)), None for labels."""
 
     def __init__(self, workers, shaping="continuous", engine=None):
         self.shaping, self.workers, self.counters = shaping, workers, []
