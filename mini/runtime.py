@@ -68,8 +68,10 @@ def lr_factor(step, cfg):
 
 
 def seed_everything(seed):
+    """Seed python, numpy and torch; numpy takes the seed modulo 2**32, so that --seed 2**32 - 1 plus a
+    torchrun rank still seeds it."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 

@@ -35,7 +35,7 @@ from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import MicroBatch, Rollout
 from mini.runs import load_checkpoint
-from mini.runtime import lr_factor, score_workers
+from mini.runtime import lr_factor, score_workers, seed_everything
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
@@ -629,3 +629,11 @@ def test_damaged_checkpoint_is_refused(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_largest_seed_plus_a_rank_still_seeds_numpy():
+    """--seed 2**32 - 1 is valid, and torchrun's rank 1 seeds seed + 1: numpy takes it modulo 2**32."""
+    seed_everything(2**32)
+    wrapped = np.random.random()
+    seed_everything(0)
+    assert np.random.random() == wrapped
