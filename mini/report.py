@@ -10,6 +10,7 @@ GRPOTrainer logs, for the concepts the two share.
     reporter = make_reporter("tensorboard", "logs/demo", config_dict)   # "none", "tensorboard" or "wandb"
     reporter.log(step, metrics_row)          # every numeric scalar of the row
     reporter.log_samples(step, rows)         # rows of samples.jsonl: step, task, prompt, completion, reward
+    reporter.rewind(step)                    # a rollback to `step`: the steps after it will be logged again
     reporter.close()
 
 Names on a dashboard, grouped by prefix (a shared concept appears under both of its names):
@@ -27,7 +28,9 @@ TensorBoard writes to <run dir>/tensorboard from the first step logged on; a res
 what the interrupted process had logged from there on (purge_step). W&B writes to <run dir>/wandb; it
 honours WANDB_MODE (offline: nothing leaves the machine until `wandb sync`), WANDB_PROJECT (default
 rookworld-grpo-mini) and the rest of its environment; each start of the script is one W&B run, grouped by
-the run name, so a resumed run is a second W&B run in the same group.
+the run name, so a resumed run is a second W&B run in the same group. A rollback inside a run (a non-finite
+loss) does the same: TensorBoard drops the abandoned steps as the redone ones arrive, and W&B, which keeps
+a run's steps increasing, goes on in a new run of the group, named <run>-from-<step>.
 """
 import importlib
 import json
@@ -107,6 +110,9 @@ class NoReporter:
     def log_samples(self, step, rows):
         pass
 
+    def rewind(self, step):
+        pass
+
     def close(self):
         pass
 
@@ -131,6 +137,11 @@ class TensorBoardReporter:
     def log_samples(self, step, rows):
         self.writer_at(step).add_text("completions", markdown_table(rows), step)
 
+    def rewind(self, step):
+        """Back to `step`: the next writer purges the abandoned steps from the first one logged again."""
+        self.close()
+        self.writer = None
+
     def close(self):
         if self.writer is not None:
             self.writer.close()
@@ -139,10 +150,13 @@ class TensorBoardReporter:
 class WandbReporter:
     def __init__(self, run_dir, config):
         self.wandb = require("wandb", "wandb")
-        name = os.path.basename(os.path.normpath(run_dir))
+        self.run_dir, self.config, self.group = run_dir, config, os.path.basename(os.path.normpath(run_dir))
+        self.start(self.group)
+
+    def start(self, name):
         try:
-            self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT), dir=run_dir, name=name,
-                                       group=name, config=config)
+            self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT), dir=self.run_dir,
+                                       name=name, group=self.group, config=self.config)
         except Exception as e:  # wandb raises its own errors (no API key, no network); say what to do
             raise ValueError(f"--report_to wandb could not start ({str(e).strip().rstrip('.')}); run `wandb login` "
                              "or set WANDB_MODE=offline") from None
@@ -153,6 +167,11 @@ class WandbReporter:
     def log_samples(self, step, rows):
         table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r.get(c) for c in SAMPLE_COLUMNS] for r in rows])
         self.run.log({"completions": table}, step=step)
+
+    def rewind(self, step):
+        """Back to `step`: a W&B run's steps only increase, so the redone steps go to a new run of the group."""
+        self.run.finish()
+        self.start(f"{self.group}-from-{step}")
 
     def close(self):
         self.run.finish()

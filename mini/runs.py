@@ -630,6 +630,7 @@ class Resumable:
         self.load_state(state)
         self.lr_scale = lr_scale
         self.on_main(lambda: self.run_dir.cut_back(self.step))
+        self.reporter.rewind(self.step)  # the dashboard drops the abandoned steps too (no-op off rank 0)
         self.log(f"{reason}: rolled back to step {self.step}, lr scale now {self.lr_scale} "
                  f"(recovery {self.recoveries}/{MAX_RECOVERIES})")
 

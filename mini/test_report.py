@@ -7,6 +7,7 @@ import glob
 import math
 import os
 import sys
+import types
 
 import pytest
 
@@ -75,6 +76,51 @@ def test_tensorboard_resume_drops_the_interrupted_steps(tmp_path):
     ea = EventAccumulator(str(tmp_path / "tensorboard"))
     ea.Reload()
     assert [(e.step, e.value) for e in ea.Scalars("train/kl")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+def test_tensorboard_rewind_drops_the_abandoned_steps(tmp_path):
+    """A rollback inside a run (to step 1): the steps logged again replace the abandoned ones."""
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    r = make_reporter("tensorboard", str(tmp_path), {})
+    for step in (1, 2, 3):
+        r.log(step, {"kl": float(step)})
+    r.rewind(1)
+    for step in (2, 3, 4):
+        r.log(step, {"kl": 10.0 * step})
+    r.close()
+    ea = EventAccumulator(str(tmp_path / "tensorboard"))
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("train/kl")] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]
+
+
+class FakeWandb:
+    """wandb's init, log and finish, recorded: which run got which step."""
+
+    def __init__(self):
+        self.runs = []
+
+    def init(self, name, group, **kw):
+        run = types.SimpleNamespace(name=name, group=group, steps=[], finished=False)
+        run.log = lambda row, step: run.steps.append(step)
+        run.finish = lambda: setattr(run, "finished", True)
+        self.runs.append(run)
+        return run
+
+
+def test_wandb_rewind_goes_on_in_a_new_run_of_the_group(tmp_path, monkeypatch):
+    """A W&B run's steps only increase, so after a rollback to step 1 the redone steps go to a second run."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    r = make_reporter("wandb", str(tmp_path / "demo"), {})
+    for step in (1, 2, 3):
+        r.log(step, {"kl": 1.0})
+    r.rewind(1)
+    for step in (2, 3):
+        r.log(step, {"kl": 1.0})
+    r.close()
+    assert [(run.name, run.group, run.steps, run.finished) for run in fake.runs] == [
+        ("demo", "demo", [1, 2, 3], True), ("demo-from-1", "demo", [2, 3], True)]
 
 
 @pytest.mark.parametrize("kind,module", [("tensorboard", "torch.utils.tensorboard"), ("wandb", "wandb")])

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 import torch
 
 import mini.reward_scorer as reward_scorer
@@ -342,7 +343,7 @@ def straight(tiny, tmp_path_factory):
     """An uninterrupted run with every piece of non-default state: the adaptive KL coefficient, the
     adaptive baseline's running mean and variance, the value head, an lr_scale halved by a rollback."""
     log_dir = tmp_path_factory.mktemp("straight")
-    argv = args(tiny, log_dir, "straight", STEPS, *FULL_STATE)
+    argv = args(tiny, log_dir, "straight", STEPS, *FULL_STATE, "--report_to", "tensorboard")
     assert hooked_main(argv, nan_call=NAN_CALL) == 0
     return log_dir / "straight", parse_args(argv)
 
@@ -354,6 +355,9 @@ def test_injected_nan_is_rolled_back(straight):
     assert os.path.exists(run / "checkpoints" / "debug_step_000001.pt")
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)) and all(math.isfinite(m["loss"]) for m in metrics)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()  # the dashboard shows each step once, as redone: the abandoned step 1 is gone
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("mini/loss")] == [(m["step"], m["loss"]) for m in metrics]
     for m in metrics:  # the schedule times lr_scale, halved from the redone step 1 on
         assert m["lr"] == pytest.approx(cfg.lr * lr_factor(m["step"] - 1, cfg) * 0.5)
     assert all(m["zero_var_share"] < 1 and m["policy_loss"] != 0 for m in metrics)  # a policy gradient every step
