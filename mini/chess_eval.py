@@ -269,9 +269,10 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
     if random_games:  # below Skill Level 20 the same index is not the same game
         values = [{k: v for k, v in vals.items() if not k.startswith("chess_sf_")} for vals in values]
     for name, items in reports[0]["items"].items():
-        if (name == "stockfish_games" and random_games) or not (items and reports[1]["items"].get(name)):
-            continue  # not paired, or not run by both
-        if items != reports[1]["items"][name]:
+        if not (items and reports[1]["items"].get(name)):
+            continue  # not run by both
+        unpaired_games = name == "stockfish_games" and random_games  # compared as means: the settings still count
+        if items != reports[1]["items"][name] and not unpaired_games:
             raise ValueError(f"the two reports' {name} items differ; run both with the same counts and data")
         differ = [f"{'the engine' if k == 'engine' else '--' + k} {settings[0][k]} and {settings[1][k]}"
                   for k in SECTION_SETTINGS.get(name, ())
@@ -292,7 +293,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
 def print_table(report):
     print(f"{'metric':34s} {'value':>10s} {'n':>6s}")
     for k, v in report["metrics"].items():
-        n = len(report["values"].get(k, report.get("arbiter_values", {}).get(k, ())))
+        n = sum(x is not None for x in report["values"].get(k, report.get("arbiter_values", {}).get(k, ())))
         print(f"{k:34s} {v:10.4f} {n or '':>6}")
     if "selfplay_plies_histogram" in report:
         print("self-play legal half-moves: " + ", ".join(f"{k}: {v}" for k, v in report["selfplay_plies_histogram"].items()))

@@ -197,8 +197,24 @@ def test_compare_pairs_stockfish_games_only_when_deterministic(tmp_path):
     assert paired["chess_sf_plies"][:3] == (2.0, 4.0, 2.0) and not unpaired
     # clock-seeded games are not the same games, even from the same starts (here: an older report's items)
     json.dump(dict(report, settings={"sf_skill": 0}, items={"stockfish_games": [True, False]}), open(paths[0], "w"))
+    json.dump(dict(report, values={"chess_sf_plies": [2.0, 6.0]}, metrics={"chess_sf_plies": 4.0}, settings={"sf_skill": 0}),
+              open(paths[1], "w"))
     paired, unpaired = ce.compare(*paths)
     assert "chess_sf_plies" not in paired and unpaired["chess_sf_plies"] == (2.0, 4.0, 2.0)
+
+
+@pytest.mark.parametrize("setting,before,after", [("sf_skill", 5, 1), ("sf_nodes", 1000, 100000),
+                                                  ("engine", "Stockfish 15.1", "Stockfish 16")])
+def test_compare_refuses_random_games_against_another_opponent(tmp_path, setting, before, after):
+    """Below Skill Level 20 the games are compared as means, not paired: still only against the same opponent."""
+    report = {"suite": "chess", "metrics": {"chess_sf_score": 0.0}, "values": {"chess_sf_score": [0.0, 0.0]},
+              "items": {"stockfish_games": [["initial", True], ["initial", False]]},
+              "settings": {"sf_skill": 5, "sf_nodes": 1000, "engine": "Stockfish 15.1"}}
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    json.dump(dict(report, settings={**report["settings"], setting: before}), open(paths[0], "w"))
+    json.dump(dict(report, settings={**report["settings"], setting: after}), open(paths[1], "w"))
+    with pytest.raises(ValueError, match="stockfish_games sections ran with other settings"):
+        ce.compare(*paths)
 
 
 def test_shipped_mate_file_rechecked():
@@ -509,3 +525,11 @@ def test_chess_eval_flags_are_checked(capsys, argv, message):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_table_counts_the_values_a_mean_is_over(capsys):
+    """The n beside a mean over legal answers only is the number of legal answers, not of positions."""
+    ce.print_table({"metrics": {"chess_cpl_legal": 100.0, "chess_cpl": 775.0}, "skipped": {}, "seconds": {},
+                    "values": {"chess_cpl_legal": [None, None, None, 100.0], "chess_cpl": [1000, 1000, 1000, 100]}})
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert rows == {"chess_cpl_legal": ["100.0000", "1"], "chess_cpl": ["775.0000", "4"]}
