@@ -117,7 +117,10 @@ def annotated_sample(line):
 def load_jsonl(path, skip_bad_lines=True):
     """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples."""
     records, _ = read_records(path, annotated_sample, skip_bad_lines)
-    return [s for s in records if s is not None]
+    samples = [s for s in records if s is not None]  # None: the header line
+    if not samples:
+        raise ValueError(f"{path} holds no sample, only its header")
+    return samples
 
 
 def shipped_keys(paths=(POOL_PATH, EVAL_PATH)):

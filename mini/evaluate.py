@@ -11,6 +11,7 @@ defined in the README.
     python mini/evaluate.py --compare before.json after.json
 """
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -37,12 +38,23 @@ from mini.stockfish import BLUNDER_CP, EngineFailure, find_stockfish
 BATCH_SIZE = 64
 
 
+def first_of_each_bucket(samples, n):
+    """n of the A: samples, in their order, taken in turn from each history-length bucket: the realistic set
+    stores its transitions bucket by bucket, so its first n alone would all have histories of 1-2."""
+    buckets = {}
+    for i, s in enumerate(samples):
+        buckets.setdefault(history_bucket(len(s.history)), []).append(i)
+    in_turn = (i for turn in itertools.zip_longest(*buckets.values()) for i in turn if i is not None)
+    return [samples[i] for i in sorted(itertools.islice(in_turn, n))]
+
+
 def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH, pad=90):
-    """The first n P: positions of the eval set (FEN padded to pad), and its first n A: transitions when it holds
-    some (the realistic games' set), else n A: transitions on the same positions (fixed seed)."""
+    """The first n P: positions of the eval set (FEN padded to pad), and n of its A: transitions when it holds
+    some (the realistic games' set; first_of_each_bucket), else n A: transitions on the same positions (fixed
+    seed)."""
     samples = load_jsonl(path)
     policy = [repad(s, pad) for s in samples if s.task == "P"][:n_per_task]
-    env = [s for s in samples if s.task == "A"][:n_per_task]
+    env = first_of_each_bucket([s for s in samples if s.task == "A"], n_per_task)
     rng = random.Random(seed)
     return policy + (env or [random_env_sample(s.fen, s.history, rng) for s in policy])
 

@@ -68,6 +68,9 @@ def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
         lines = src.readlines()[:3]
     jsonl.write_text("".join(lines) + '{"fen": "8/8')  # a cut-off last line is skipped
     assert len(load_jsonl(str(jsonl))) == 2
+    jsonl.write_text(lines[0])  # the header alone
+    with pytest.raises(ValueError, match=f"{jsonl} holds no sample, only its header"):
+        load_jsonl(str(jsonl))
     jsonl.write_text("".join(lines) + re.sub(r'"evals":\[[^,]+', '"evals":[NaN', lines[2]))  # json reads NaN
     assert len(load_jsonl(str(jsonl))) == 2
     assert "are not all finite numbers" in capsys.readouterr().err

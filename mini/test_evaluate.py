@@ -13,7 +13,7 @@ import chess
 import pytest
 import torch
 
-from mini.config import EVAL_PATH
+from mini.config import EVAL_PATH, REAL_EVAL_PATH
 import mini.evaluate as ev
 from mini.formats import env_sample, legal_ucis, parse_line, policy_sample, repad
 from mini.loader import save_model
@@ -513,3 +513,14 @@ def test_compare_plot(tmp_path, capsys):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket():
+    """eval_games.jsonl stores its A: transitions bucket by bucket: --n 30 takes 10 of each, in the file's order,
+    and --n 600 takes the file as it is (so that reports made before pair with those made now)."""
+    stored = [s for s in ev.load_jsonl(REAL_EVAL_PATH) if s.task == "A"]
+    taken = [s for s in ev.held_out_samples(30, path=REAL_EVAL_PATH) if s.task == "A"]
+    buckets = [history_bucket(len(s.history)) for s in taken]
+    assert buckets == ["1-2"] * 10 + ["3-5"] * 10 + ["6-10"] * 10
+    assert [stored.index(s) for s in taken] == sorted(stored.index(s) for s in taken)
+    assert [s for s in ev.held_out_samples(600, path=REAL_EVAL_PATH) if s.task == "A"] == stored
