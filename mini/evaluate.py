@@ -300,6 +300,10 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
         raise ValueError(f"the two reports were scored with --shaping {reports[0]['shaping']} and "
                          f"{reports[1]['shaping']}; evaluate both with the same --shaping")
+    cut_at = [r.get("max_new_tokens") for r in reports]  # older reports have none
+    if None not in cut_at and cut_at[0] != cut_at[1]:  # a completion cut shorter is scored as another answer
+        raise ValueError(f"the two reports' completions were cut at --max_new_tokens {cut_at[0]} and {cut_at[1]}; "
+                         "evaluate both with the same --max_new_tokens")
     data = recorded_eval_set(reports[0]["data"])
     samples = load_eval_set(data, reports[0]["n_per_task"], reports[0].get("pad", 90))
     stale = [s.prompt for s in samples] != [x["prompt"] for x in reports[0]["samples"]] or any(

@@ -374,6 +374,20 @@ def test_compare_refuses_other_shaping(tmp_path):
         ev.compare(*paths)
 
 
+def test_compare_refuses_completions_cut_at_another_length(tmp_path):
+    """Completions cut at 8 tokens against whole ones: the shorter ones would score as worse answers."""
+    samples = ev.held_out_samples(2)
+    paths = [write_report(tmp_path / f"{n}.json", samples, [s.completion for s in samples]) for n in (8, 96)]
+    for path, n in zip(paths, (8, 96)):
+        with open(path) as f:
+            report = json.load(f)
+        with open(path, "w") as f:
+            json.dump(dict(report, max_new_tokens=n), f)
+    with pytest.raises(ValueError, match="cut at --max_new_tokens 8 and 96; evaluate both with the same"):
+        ev.compare(*paths)
+    assert ev.compare(paths[1], paths[1])["eval_reward"][2] == 0  # the same length compares
+
+
 def test_compare_names_a_file_that_is_not_a_report(tmp_path):
     """A chess_eval.py report, or a file that is not JSON: one sentence that names the file."""
     samples = ev.held_out_samples(1)
