@@ -21,7 +21,7 @@ import chess.engine
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch
 from mini.dataset import shipped_keys
-from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap
+from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap, report_path, save_report
 from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
 from mini.games import (OPENINGS, eval_mates, game_outcome, game_starts, in_batches, load_mates, mean, model_player,
                         opening_board, policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
@@ -353,6 +353,7 @@ def main(argv=None):
         return
     if not a.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER, or --build_mates)")
+    out = report_path(p, a.out, a.model_path, "chess.json")
     if a.sf_skill == 20 and a.sf_games > SF_STARTS:  # a deterministic game of the greedy player repeats move for move
         p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {SF_STARTS} starts and "
                 f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are "
@@ -371,10 +372,7 @@ def main(argv=None):
     report = {"suite": "chess", "model_path": a.model_path, "settings": settings,
               "total_seconds": time.perf_counter() - t0, **report}
     print_table(report)
-    out = a.out or os.path.join(a.model_path if os.path.isdir(a.model_path) else ".", "chess.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, out, "chess_eval.py")
     print(f"wrote {out} ({report['total_seconds']:.0f} s)")
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -25,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
-from mini.flags import Parser, Switch
+from mini.flags import Parser, Switch, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model
@@ -252,6 +253,29 @@ def report_sample(x):
         isinstance(x[k], str) for k in ("prompt", "completion", "label") if k in x)
 
 
+def report_path(parser, out, model_path, name):
+    """Where a report goes: out (--out), else `name` in the model's folder; a path that could not be written
+    is refused at once (parser.error), not after the minutes of the evaluation."""
+    out = out or os.path.join(model_path if os.path.isdir(model_path) else ".", name)
+    for problem in unwritable_outputs({"out": out})[:1]:
+        parser.error(problem)
+    return out
+
+
+def save_report(report, out, script):
+    """The report as JSON to out; when that fails (a full disk), to a temporary file instead, and the script
+    exits with one sentence that names both, so that the evaluation is not lost."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+    except OSError as e:
+        fd, spare = tempfile.mkstemp(prefix=script.removesuffix(".py") + "-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=1)
+        sys.exit(f"{script}: could not write {out} ({e.strerror or e}); the report is in {spare}")
+
+
 def load_report(path, fields, script):
     """The JSON report in path as script (evaluate.py, chess_eval.py) writes it: a dict holding each key of
     fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
@@ -364,6 +388,7 @@ def main(argv=None):
         return
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")
+    out = report_path(p, args.out, args.model_path, "eval.json")
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
         samples = load_eval_set(args.data, args.n, args.pad)
@@ -386,7 +411,6 @@ def main(argv=None):
     for k, v in metrics.items():
         print(f"{k:28s} {v:9.4f} {len(known(values.get(k, values.get(k.removesuffix('_median'), [])))):6d}")
     print(f"{len(samples)} prompts in {seconds:.1f}s")
-    out = args.out or os.path.join(args.model_path if os.path.isdir(args.model_path) else ".", "eval.json")
     report = {"model_path": args.model_path, "data": args.data or EVAL_PATH, "n_per_task": args.n, "pad": args.pad,
               "max_new_tokens": args.max_new_tokens, "shaping": args.shaping, "seconds": seconds,
               "metrics": metrics, "counts": {k: len(known(v)) for k, v in values.items()},
@@ -394,9 +418,7 @@ def main(argv=None):
                                     "name": engine.annotator().engine},
               "samples": [{"task": s.task, "prompt": s.prompt, "completion": c, "label": s.completion}
                           for s, c in zip(samples, completions)]}
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, out, "evaluate.py")
     print(f"wrote {out}")
 
 

@@ -118,7 +118,7 @@ def unwritable_outputs(values):
         path = values.get(name)
         if not path:
             continue
-        if os.path.isdir(path):
+        if os.path.isdir(path) or path.endswith(os.sep):  # a folder, or one to be made
             out.append(f"--{name} {path} is a folder; name a file, such as {os.path.join(path, 'report.json')}")
             continue
         folder = os.path.dirname(os.path.abspath(path))

@@ -4,6 +4,7 @@ over random flag combinations (each one starts, or exits with one line).
 
     python mini/test_config.py
 """
+import json
 import os
 import random
 import re
@@ -104,7 +105,8 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
              (chess_eval.main, "--out", str(tmp_path / "a_file" / "r.json"), "is a file, not a folder"),
              (evaluate.main, "--plot", str(tmp_path / "a_file" / "deeper" / "p.png"), "is a file, not a folder"),
              (annotate.main, "--pool_path", str(tmp_path), "is a folder"),
-             (annotate.main, "--eval_path", str(tmp_path / "a_file" / "e.jsonl"), "is a file, not a folder")]
+             (annotate.main, "--eval_path", str(tmp_path / "a_file" / "e.jsonl"), "is a file, not a folder"),
+             (chess_eval.main, "--out", str(tmp_path / "new") + os.sep, "is a folder; name a file")]  # one to be made
     for fn, flag, path, says in cases:
         argv = [flag, path] + (["--model_path", "/nonexistent/model"] if fn is not annotate.main else [])
         err = one_line_exit(capsys, fn, argv)
@@ -119,6 +121,26 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
     err = one_line_exit(capsys, evaluate.main, ["--out", os.path.join(locked, "new", "r.json"),
                                                 "--model_path", "/nonexistent/model"])
     assert f"{locked} cannot be written to" in err, err
+
+    model = tmp_path / "model"  # no --out: the report's default path in the model's folder is checked too
+    (model / "eval.json").mkdir(parents=True)
+    err = one_line_exit(capsys, evaluate.main, ["--model_path", str(model)])
+    assert f"--out {model / 'eval.json'} is a folder" in err, err
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_kept(capsys, tmp_path):
+    """The write fails after the work (a full disk here): the report goes to a temporary file that the one
+    sentence names."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as e:
+        evaluate.save_report({"metrics": {"x": 1.0}}, str(blocked / "r.json"), "evaluate.py")
+    message = str(e.value)
+    assert message.startswith(f"evaluate.py: could not write {blocked / 'r.json'} (") and "; the report is in " in message
+    spare = message.rsplit(" ", 1)[1]
+    with open(spare) as f:
+        assert json.load(f) == {"metrics": {"x": 1.0}}
+    os.remove(spare)
 
 
 def test_the_command_line_prints_no_traceback():
