@@ -40,8 +40,9 @@ def load_metrics(path):
 
 
 def mean_of(rows, key):
-    """Mean of key over the rows that have it (None if none does)."""
-    vals = [r[key] for r in rows if key in r]
+    """Mean of key over the rows that hold a number for it (None if none does): a null or a string, as in a
+    hand-edited file, is left out."""
+    vals = [v for r in rows if isinstance(v := r.get(key), (int, float)) and not isinstance(v, bool)]
     return sum(vals) / len(vals) if vals else None
 
 

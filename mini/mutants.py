@@ -780,6 +780,11 @@ MUTANTS = [
     Mutant("report_lost_on_write_failure", "a report that cannot be written at the end is lost in a traceback",
            "evaluate.py", "    except OSError as e:\n        fd, spare", "    except ZeroDivisionError as e:\n        fd, spare",
            ("mini/test_config.py::test_a_report_that_cannot_be_written_at_the_end_is_kept",)),
+    Mutant("null_metric_summed", "analyze_metrics sums a null of a hand-edited file into a traceback",
+           "../analyze_metrics.py",
+           "    vals = [v for r in rows if isinstance(v := r.get(key), (int, float)) and not isinstance(v, bool)]",
+           "    vals = [r[key] for r in rows if key in r]",
+           ("mini/test_analyze_metrics.py::test_window_means_by_hand",)),
     Mutant("largest_seed_overflows_numpy", "--seed 2**32 - 1 under torchrun fails on rank 1 and above",
            "runtime.py", "np.random.seed(seed % 2**32)", "np.random.seed(seed)",
            ("mini/test_train.py::test_the_largest_seed_plus_a_rank_still_seeds_numpy",)),
@@ -1040,9 +1045,11 @@ MUTANTS = [
 
 
 def scratch_copy(root):
-    """mini/ copied to root/mini, without caches (this script's own copy is left out: nothing imports it)."""
+    """mini/ copied to root/mini, without caches (this script's own copy is left out: nothing imports it), and
+    the top-level analyze_metrics.py beside it (a mutant's file "../analyze_metrics.py")."""
     shutil.copytree(HERE, os.path.join(root, "mini"),
                     ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".hypothesis", "mutants.py"))
+    shutil.copy(os.path.join(HERE, "..", "analyze_metrics.py"), root)
 
 
 def apply(root, m):

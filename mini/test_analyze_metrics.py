@@ -35,6 +35,8 @@ def test_window_means_by_hand():
     rows = [{"step": 1, "kl": 1.0}, {"step": 2, "kl": 3.0, "entropy": 2.0}, {"step": 3, "kl": 5.0}]
     assert am.window_means(rows, ["kl", "entropy"], 2) == [(1, 2, {"kl": 2.0, "entropy": 2.0}), (3, 3, {"kl": 5.0})]
     assert [w[:2] for w in am.window_means(rows, ["kl"], 10)] == [(1, 1), (2, 2), (3, 3)]  # one row each
+    edited = [{"step": 1, "kl": None}, {"step": 2, "kl": 4.0}, {"step": 3, "kl": "n/a"}]  # a hand-edited file
+    assert am.window_means(edited, ["kl"], 1) == [(1, 3, {"kl": 4.0})]
     eleven = [{"step": i} for i in range(1, 12)]
     assert len(am.window_means(eleven, [], 10)) == 10  # as many windows as asked, sizes 1 or 2
 
