@@ -7,24 +7,43 @@ import torch
 
 from mini import distributed
 from mini.runs import StopRun
+from mini.sampler import release_decode_caches
+
+
+def run_to_the_limit(r, max_new_tokens, filler):
+    """The rollout with every completion lengthened to max_new_tokens (with `filler` ids): the update's
+    tensors are as wide as the longest completion, and a later step may have one that runs to the limit."""
+    r.completions = [c + [filler] * (max_new_tokens - len(c)) for c in r.completions]
+    return r
+
+
+def optimizer_state_bytes(optimizer):
+    """The bytes AdamW's two moments will take at its first step when it holds none yet (a probe at step 0
+    never steps), else 0: a peak measured after a step already counts them."""
+    if optimizer.state:
+        return 0
+    return sum(2 * p.numel() * p.element_size() for group in optimizer.param_groups for p in group["params"]
+               if p.requires_grad)
 
 
 def probe_peak_memory(trainer, local_batch):
-    """Peak CUDA bytes of one full step of this rank at this many prompts, without changing any state and
-    without a collective (None: out of memory)."""
+    """Peak CUDA bytes of one full step of this rank at this many prompts, every completion run to
+    --max_new_tokens, AdamW's state counted; without changing any state and without a collective (None: out
+    of memory). The compiled decode's caches of this size are dropped after it, as the run may not use it."""
     saved, baseline = copy.deepcopy(trainer.rank_state()), trainer.baseline.state_dict()
     trainer.local_batch = local_batch
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        r = trainer.rollout()
+        r = run_to_the_limit(trainer.rollout(), trainer.cfg.max_new_tokens, trainer.tok.eos_token_id)
         trainer.prepare(r)
         r.rewards = torch.rand(len(r.samples))  # any rewards with variance: the update's memory is the same
         adv, returns, _ = trainer.advantages(r)
         trainer.update(r, adv, returns, apply=False)
-        peak = torch.cuda.max_memory_allocated()
+        peak = torch.cuda.max_memory_allocated() + optimizer_state_bytes(trainer.optimizer)
     except torch.cuda.OutOfMemoryError:
         peak = None
+    release_decode_caches(trainer.model)
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.load_rank_state(saved)
     trainer.baseline.load_state_dict(baseline)
@@ -56,14 +75,31 @@ def choose_batch_size(trainer):
 
 
 def find_batch_size(probe, start, capacity, fraction, max_batch=4096):
-    """Double the batch size from `start` while probe(b), the peak memory of a step (None when it ran
-    out of memory), stays under fraction * capacity. Returns the largest that did (None if not even
-    `start`) and every (batch size, peak) measured."""
-    best, measured, b = None, [], start
-    while b <= max_batch:
+    """The largest batch size whose probe(b), the peak memory of a step (None when it ran out of memory),
+    stays under fraction * capacity, to within an eighth: doubled from `start` (up to max_batch) while it
+    fits, then halved between the last that fit and the first that did not (each probe is a whole step).
+    Returns it (None if not even `start` fits; `start` is measured even above max_batch) and every
+    (batch size, peak) measured."""
+    measured = []
+
+    def fits(b):
         peak = probe(b)
         measured.append((b, peak))
-        if peak is None or peak > fraction * capacity:
+        return peak is not None and peak <= fraction * capacity
+
+    if not fits(start):
+        return None, measured
+    best, too_big = start, None
+    while best < max_batch:
+        b = min(2 * best, max_batch)
+        if not fits(b):
+            too_big = b
             break
-        best, b = b, 2 * b
+        best = b
+    while too_big is not None and too_big - best > max(1, best // 8):
+        b = (best + too_big) // 2
+        if fits(b):
+            best = b
+        else:
+            too_big = b
     return best, measured

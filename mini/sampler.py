@@ -197,7 +197,8 @@ def pad_left(seqs, pad_id, device):
 
 def sample_next(logits, temperature=1.0, top_k=0, generator=None, u=None):
     """One token per row from softmax(logits / temperature), restricted to the top_k most likely
-    tokens when top_k > 0 (temperature 0: argmax), and its log-prob under that distribution.
+    tokens when top_k > 0, and to any tied with the k-th, as transformers' TopKLogitsWarper does (bf16
+    logits tie often) (temperature 0: argmax), and its log-prob under that distribution.
     Sampling inverts the CDF with one uniform number per row: exact, no host sync, and ~10x cheaper
     on CPU than drawing a Gumbel or exponential variate for each of the 50257 logits. u (N,): those
     uniforms, drawn by the caller (compiled code cannot take a generator); else drawn here.
@@ -287,6 +288,11 @@ def shares_prefix(setting, device):
 
 _caches = weakref.WeakKeyDictionary()  # model -> {bucket: KVCache or SharedPrefixCache}, for the compiled step
 _compiled_steps = {}  # torch.compile mode -> compiled decode_step
+
+
+def release_decode_caches(model):
+    """Drop the compiled decode's caches of model (autobatch's probes: the sizes the run will not use)."""
+    _caches.pop(model, None)
 
 
 @torch.no_grad()

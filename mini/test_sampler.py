@@ -254,6 +254,17 @@ def test_greedy_generate_logprobs_are_those_of_the_untempered_distribution():
         assert (logp < -1e-3).any()  # not a degenerate case: log-probs of 0
 
 
+def test_sample_next_top_k_keeps_the_tokens_tied_with_the_kth():
+    """top_k 2 of [3, 2, 2, 2, 0]: the three tied at the second logit all stay, as transformers'
+    TopKLogitsWarper keeps them (a mask by the k-th value), and each log-prob is of that distribution."""
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 0.0]]).repeat(40000, 1)
+    nxt, logp = sample_next(logits, 1.0, 2, torch.Generator().manual_seed(0))
+    p = torch.softmax(torch.tensor([3.0, 2.0, 2.0, 2.0, float("-inf")]), -1)
+    freq = torch.bincount(nxt, minlength=5).float() / len(nxt)
+    assert (freq - p).abs().max() < 0.01 and freq[4] == 0
+    assert torch.allclose(logp, p.log()[nxt])
+
+
 def test_sample_next_top_k_beyond_the_vocabulary_is_no_restriction():
     """top_k larger than the vocabulary keeps every token (no error from topk)."""
     g = torch.Generator().manual_seed(0)

@@ -29,7 +29,7 @@ import torch
 
 import mini.reward_scorer as reward_scorer
 import mini.train as train
-from mini.autobatch import find_batch_size
+from mini.autobatch import find_batch_size, optimizer_state_bytes, run_to_the_limit
 from mini.config import Config
 from mini.flags import parse_args
 from mini.loader import load_model, save_model
@@ -610,12 +610,27 @@ def test_optimizer_groups():
 
 def test_find_batch_size_with_a_fake_memory_probe():
     peak = lambda b: 1000 + 300 * b  # bytes of a step at batch size b; capacity 10,000 at 85%: b <= 25
-    best, measured = find_batch_size(peak, 2, 10_000, 0.85)
-    assert best == 16 and [b for b, _ in measured] == [2, 4, 8, 16, 32]
+    best, measured = find_batch_size(peak, 2, 10_000, 0.85)  # doubled to 32, then halved between 16 and 32
+    assert best == 24 and [b for b, _ in measured] == [2, 4, 8, 16, 32, 24, 28, 26]  # within an eighth of 25
     oom = lambda b: None if b >= 8 else 10 * b
-    assert find_batch_size(oom, 2, 10_000, 0.85) == (4, [(2, 20), (4, 40), (8, None)])
+    assert find_batch_size(oom, 2, 10_000, 0.85) == (7, [(2, 20), (4, 40), (8, None), (6, 60), (7, 70)])
     assert find_batch_size(peak, 64, 10_000, 0.85)[0] is None  # even the start does not fit
-    assert find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8)[0] == 8
+    assert find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8) == (8, [(1, 0), (2, 0), (4, 0), (8, 0)])
+    assert find_batch_size(lambda b: 0, 12, 1, 0.85, max_batch=8) == (12, [(12, 0)])  # asked for: measured
+
+
+def test_the_batch_probe_counts_the_widest_step_and_the_optimizer_state():
+    """A probe at step 0 has run no optimizer step and sampled completions of its own lengths: it adds
+    AdamW's two moments (8 bytes a float32 parameter) and runs every completion to --max_new_tokens."""
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20))
+    optimizer = torch.optim.AdamW(model.parameters())
+    n = sum(p.numel() for p in model.parameters())
+    assert optimizer_state_bytes(optimizer) == 8 * n
+    model(torch.zeros(1, 2, dtype=torch.long))[0].sum().backward()
+    optimizer.step()
+    assert optimizer_state_bytes(optimizer) == 0  # a measured peak holds them already
+    r = Rollout([None] * 2, [[1, 2], [3]], [[5], [6, 7, 8]], ["a", "b"])
+    assert run_to_the_limit(r, 4, 0).completions == [[5, 0, 0, 0], [6, 7, 8, 0]]
 
 
 def test_damaged_checkpoint_is_refused(tmp_path):
