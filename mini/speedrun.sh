@@ -114,6 +114,7 @@ stage_test() {
 
 stage_bench() {
   local fail=0 size=()
+  rm -f "$OUT"/bench*.json  # a stage that fails must not leave an earlier run's figures for the summary
   if ((SMOKE)); then
     size=("${DEV[@]}" "${SHAPE[@]}" --prompts 2 --k 2 --new_tokens 8 --steps 1 --trl_steps 1)
   else
@@ -154,6 +155,7 @@ stage_train() {
 
 stage_eval() {
   local model
+  rm -f "$OUT/eval_before.json" "$OUT/eval_after.json" "$OUT/eval_compare.txt"  # no earlier run's figures
   for model in sft grpo; do
     [[ -d $OUT/$model/final ]] || { echo "eval: $OUT/$model/final does not exist; run the train stage first" >&2; return 1; }
   done

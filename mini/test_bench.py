@@ -52,6 +52,17 @@ def test_speedrun_cpu_smoke_runs_every_stage_and_prints_the_table(smoke):
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
 
 
+def test_a_failed_stage_leaves_no_earlier_figures_for_the_summary(tmp_path):
+    """The eval stage fails (no models here) in a folder that holds an earlier run's reports: they go, and the
+    summary prints no before -> after of that run as if it were this one's."""
+    for name, reward in (("eval_before.json", 0.1), ("eval_after.json", 0.9)):
+        (tmp_path / name).write_text(json.dumps({"metrics": {"eval_reward": reward}}))
+    proc = subprocess.run(["bash", os.path.join(HERE, "speedrun.sh"), "--cpu-smoke", "--out", str(tmp_path), "eval"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode != 0 and "=== stage eval: FAILED" in proc.stdout
+    assert "before -> after" not in proc.stdout and not (tmp_path / "eval_before.json").exists()
+
+
 def test_step_bench_figures(smoke):
     _, out = smoke
     b = json.loads((out / "bench.json").read_text())
