@@ -36,7 +36,7 @@ from mini.loader import save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
-from mini.runtime import autocast, peak_memory_mb, resolve_device
+from mini.runtime import autocast, peak_memory_mb, resolve_device, score_workers
 from mini.sampler import WIDTH_BUCKET, generate, pad_left, round_up, shares_prefix
 from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
@@ -167,7 +167,7 @@ def ours(a, cfg, device):
     decode_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens / 2)  # the ideal decoder's
     # as read: each group's prompt once, each row's completion in width buckets
     if shares_prefix(cfg.shared_prefix_decode, device):
-        width = statistics.mean(round_up(t + 1, WIDTH_BUCKET) for t in range(a.new_tokens - 1))
+        width = statistics.mean(min(round_up(t + 1, WIDTH_BUCKET), a.new_tokens) for t in range(a.new_tokens - 1))
         read_bytes = b * model.num_params() + kv * (prompt_tokens / a.k + n * width)
     else:  # as read: every row's copy of its prompt and every preallocated column
         read_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens)
@@ -281,9 +281,9 @@ def versus_trl(out, snapshot, a, cfg, device, workdir):
     out.update(trl_version=trl.__version__, trl_micro_batch_size=mb, trl_step_s=step_s, trl_cpu_step_s=cpu_step_s,
                trl_completions_s=n / step_s, ours_vs_trl=step_s / out["step_s"],
                ours_vs_trl_cpu_time=cpu_step_s / out["cpu_step_s"],
-               trl_peak_mem_mb=peak_memory_mb(device))
-    print(f"TRL {trl.__version__} GRPOTrainer: {out['trl_completions_s']:.1f} completions/s ({step_s:.2f} s per step, "
-          f"peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB); ours {out['completions_s']:.1f}: "
+               trl_peak_mem_mb=peak_memory_mb(device) if cuda else None)  # on a CPU: the whole process's high-water mark
+    print(f"TRL {trl.__version__} GRPOTrainer: {out['trl_completions_s']:.1f} completions/s ({step_s:.2f} s per step"
+          + (f", peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB" if cuda else "") + f"); ours {out['completions_s']:.1f}: "
           f"ours/TRL = {out['ours_vs_trl']:.2f}x"
           + ("" if cuda else f" (by CPU seconds per step, {out['ours_vs_trl_cpu_time']:.2f}x)"))
 
@@ -417,7 +417,8 @@ def bench_scoring(a):
         print(f"{task}: {len(pairs) / best:,.0f} completions/s per core ({len(pairs)} completions: reference, "
               "mutated, garbage)")
     if a.engine:
-        out.update(bench_engine_reward(rng, policy[:32], a.k or 8, a.score_workers))
+        workers = score_workers(Config(score_workers=a.score_workers), resolve_device(a.device))  # as train.py's
+        out.update(bench_engine_reward(rng, policy[:32], a.k or 8, workers))
     return out
 
 
@@ -440,7 +441,7 @@ def bench_engine_reward(rng, positions, k, workers):
             out[f"P_{name}_completions_s"] = len(samples) / (time.perf_counter() - t0)
             pool.close()
             print(f"P: {name:12s} {out[f'P_{name}_completions_s']:9,.1f} completions/s ({len(samples)} completions, "
-                  f"{workers} scoring workers)")
+                  + (f"{workers} scoring workers)" if workers else "scored in-process)"))
     return out
 
 
@@ -471,7 +472,8 @@ def main(argv=None):
     for name in ("shared_prefix_decode", "fused_logprobs"):  # the Trainer's switches, for before/after figures
         p.add_argument(f"--{name}", f"--no_{name}", action=Switch, default=FIELDS[name].default,
                        help=FIELDS[name].metadata["help"])
-    p.add_argument("--score_workers", type=int, default=-1, help="step: as train.py's (-1: on CUDA one per spare core, up to 4)")
+    p.add_argument("--score_workers", type=int, default=-1, help="step, scoring --engine: as train.py's (-1: on "
+                   "CUDA one per spare core, up to 4; on a CPU none, scored in-process)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the model's random weights")
     p.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: known GPUs)")
@@ -482,6 +484,9 @@ def main(argv=None):
     p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
     a = p.parse_args(argv)
+    if a.mode == "step" and a.model_path and not a.real_lengths:
+        p.error("--model_path goes with --real_lengths: a trained model's rows stop at EOS, so the comparisons and "
+                "the decode bandwidth would count --new_tokens tokens that never ran")
     for k, v in MODE_DEFAULTS[a.mode].items():
         if getattr(a, k) is None:
             setattr(a, k, v)

@@ -114,9 +114,12 @@ def test_sampler_and_scoring_modes(tmp_path, capsys):
     sc = json.loads((tmp_path / "sc.json").read_text())
     assert sc["P_completions_s"] > 0 and sc["A_completions_s"] > 0
     if shutil.which("stockfish") or shutil.which("/usr/games/stockfish"):  # the engine reward, 2 positions x 2
-        assert bench.main(["scoring", "--engine", "--prompts", "2", "--k", "2", "--json", str(tmp_path / "e.json")]) == 0
+        capsys.readouterr()
+        assert bench.main(["scoring", "--engine", "--prompts", "2", "--k", "2", "--device", "cpu",
+                           "--json", str(tmp_path / "e.json")]) == 0
         e = json.loads((tmp_path / "e.json").read_text())
         assert all(e[f"P_{n}_completions_s"] > 0 for n in ("labels", "engine_cold", "engine_warm"))
+        assert capsys.readouterr().out.count("(4 completions, scored in-process)") == 3  # --score_workers -1 on a CPU
 
 
 if __name__ == "__main__":
