@@ -22,6 +22,7 @@ CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much mor
 BLUNDER_CP = 200  # a move that loses this much is a blunder (chess_eval.py, evaluate.py)
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini", "stockfish.jsonl")
 MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
+MOVE_CACHE_RULE = 2  # move-cache lines of another rule are searched again (1: a mate after the move was one short)
 ENGINE_GRACE_S = 10.0  # what an engine call may take beyond its search: a busy machine
 HANDSHAKE_S = 10.0  # for an engine to start and answer `uci`
 ENGINE_TRIES = 3  # a stuck or dying engine is restarted this many times less one, then the run stops
@@ -266,11 +267,15 @@ class Annotator:
         if board.is_game_over():  # stalemate, insufficient material, 75 moves, fivefold: a draw
             return 0, 0.0
         t0 = time.perf_counter()
-        try:  # a new game each time clears the hash, so a result depends on the position only
-            info = self._with_engine(lambda engine: engine.analyse(board, self.limit, game=object()), fen)
-            return -to_cp(info["score"]), time.perf_counter() - t0  # the engine scores for the opponent
-        except KeyError:  # no score
+        # a new game each time clears the hash, so a result depends on the position only
+        info = self._with_engine(lambda engine: engine.analyse(board, self.limit, game=object()), fen)
+        if "score" not in info:
             return None, time.perf_counter() - t0
+        cp = -to_cp(info["score"])  # the engine scores for the opponent
+        mated_in = info["score"].relative.mate()
+        if mated_in is not None and mated_in < 0:  # the opponent mated in k: the mover mates in k + 1
+            cp -= 1
+        return cp, time.perf_counter() - t0
 
     def _read_move_cache(self):
         """Take in the move cache's lines written since the last read, by this process or any other (the
@@ -288,7 +293,8 @@ class Annotator:
                 r = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if r.get("limit") == self.tag and r.get("engine") == self.engine and "cp" in r:
+            if (r.get("limit") == self.tag and r.get("engine") == self.engine and r.get("rule") == MOVE_CACHE_RULE
+                    and "cp" in r):
                 self.move_cache[r["fen"], r["move"]] = r["cp"]
 
     def evals_after(self, pairs):
@@ -319,7 +325,8 @@ class Annotator:
                 self.stats["rejected"] += 1
             else:
                 self.move_cache[fen, move] = cp
-                new.append({"fen": fen, "move": move, "limit": self.tag, "engine": self.engine, "cp": cp})
+                new.append({"fen": fen, "move": move, "limit": self.tag, "engine": self.engine, "rule": MOVE_CACHE_RULE,
+                            "cp": cp})
         if new and self.move_cache_path:
             append_jsonl(self.move_cache_path, new)
         return out

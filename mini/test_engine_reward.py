@@ -3,6 +3,7 @@ cache (memory, file, cut-off line), worker processes, labels mode unchanged, err
 
     python -m pytest -q mini/test_engine_reward.py
 """
+import json
 import math
 import os
 import signal
@@ -14,7 +15,7 @@ from mini.config import Config
 from mini.formats import parse_line, policy_completion, policy_sample
 from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engine_reward, group_chunks, move_quality,
                                 move_score, score, score_batch, score_chunk, win_prob)
-from mini.stockfish import Annotator, EngineFailure, find_stockfish
+from mini.stockfish import MATE_CP, Annotator, EngineFailure, find_stockfish
 from mini.test_formats import P_LINES
 
 try:
@@ -153,6 +154,24 @@ def test_eval_after_agrees_with_a_direct_search():
         sf.configure({"Threads": 1})
         info = sf.analyse(board, chess.engine.Limit(depth=DEPTH), game=object())
     assert cp == -info["score"].relative.score(mate_score=100000) and cp < -500
+
+
+@needs_stockfish
+def test_a_mate_after_the_move_counts_the_move(tmp_path):
+    """Kb6 mates in 2 (Kb8, Rh8#): after it the opponent is mated in 1, so from before it the mover mates in 2,
+    MATE_CP - 2, as a search from the root says (and the labels' convention); a move cache of the rule before,
+    one short, is searched again."""
+    import chess.engine
+    fen, move = "k7/8/2K5/8/8/8/8/7R w - - 0 1", "c6b6"
+    with chess.engine.SimpleEngine.popen_uci(STOCKFISH) as sf:
+        root = sf.analyse(chess.Board(fen), chess.engine.Limit(depth=DEPTH), root_moves=[chess.Move.from_uci(move)])
+    assert root["score"].relative.score(mate_score=MATE_CP) == MATE_CP - 2
+    path = tmp_path / "moves.jsonl"
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1) as ann:
+        old = {"fen": fen, "move": move, "limit": ann.tag, "engine": ann.engine, "cp": MATE_CP - 1}
+    path.write_text(json.dumps(old) + "\n")
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1, move_cache_path=str(path)) as ann:
+        assert ann.evals_after([(fen, move)])[fen, move] == MATE_CP - 2 and ann.stats["misses"] == 1
 
 
 @needs_stockfish
