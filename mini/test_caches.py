@@ -14,7 +14,7 @@ import chess
 import pytest
 
 import mini.runs as runs
-from mini.stockfish import ENGINE_NAMES, Annotator, append_jsonl
+from mini.stockfish import ENGINE_NAMES, MOVE_CACHE_RULE, Annotator, append_jsonl
 from mini.reward_scorer import EngineReward, close_engines
 from mini.selfplay import SelfPlaySource
 from mini.test_selfplay import STOCKFISH, needs_stockfish
@@ -29,7 +29,8 @@ def label_record(**kw):
 
 
 def move_record(**kw):
-    return {"fen": START, "move": "e2e4", "limit": "depth=2", "engine": ENGINE_NAMES[STOCKFISH], "cp": 12345, **kw}
+    return {"fen": START, "move": "e2e4", "limit": "depth=2", "engine": ENGINE_NAMES[STOCKFISH], "rule": MOVE_CACHE_RULE,
+            "cp": 12345, **kw}
 
 
 @needs_stockfish
