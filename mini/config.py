@@ -136,6 +136,10 @@ class Config:
                                  "updates drift; 0: off", check=at_least(0))
     policy_sft_batch: int = opt(16, "P: positions a step for --policy_sft_coef, drawn from the prompt source",
                                 check=at_least(1))
+    sft_data_file: str = opt("", "files (.jsonl like the pool, or RookWorld text; several comma-separated) that the "
+                             "supervised terms (--env_sft_coef, --policy_sft_coef) draw from instead of the prompt "
+                             "source; A: rows are half the files' transitions, half python-chess transitions on "
+                             "their P: positions")
     entropy_coef: float = opt(0.0, "entropy bonus weight (entropy is logged either way)")
     entropy_every: int = opt(1, "with --entropy_coef 0, compute and log the entropy on every so many steps only (a "
                              "pass over the vocabulary at every completion token)", check=at_least(1))

@@ -51,6 +51,8 @@ def problems(values, checks=None):
         out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
     if v("data_source") == "file" and not v("data_file"):
         out.append("--data_source file needs --data_file PATH")
+    if v("sft_data_file") and not (v("env_sft_coef") or v("policy_sft_coef")):
+        out.append("--sft_data_file feeds the supervised terms: set --env_sft_coef or --policy_sft_coef, or drop it")
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):
         out.append(f"--micro_batch_size {v('micro_batch_size')} is larger than the batch of --batch_size x --k_samples = "
                    f"{v('batch_size') * v('k_samples')} completions; lower it or use 0 (the whole batch)")
@@ -97,9 +99,10 @@ def missing_files(values):
     if model and model != "scratch" and looks_like_path(model) and not os.path.isdir(model):
         out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
                    "or a hub id like jrahn/RookWorld-LM-124M")
-    missing = [path for path in (v("data_file") or "").split(",") if path and not os.path.isfile(path)]
-    if missing:
-        out.append(f"--data_file {', '.join(missing)}: no such file")
+    for flag in ("data_file", "sft_data_file"):
+        missing = [path for path in (v(flag) or "").split(",") if path and not os.path.isfile(path)]
+        if missing:
+            out.append(f"--{flag} {', '.join(missing)}: no such file")
     for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):
         if v(needed_by) and not os.path.isfile(path):
             out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "

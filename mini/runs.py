@@ -537,11 +537,14 @@ class Resumable:
 
     def rank_state(self):
         """What differs between torchrun ranks: the RNGs, the prompt source, the replay buffer, the games."""
-        return {"sampler": self.source.state_dict(), "buffer": (self.buffer.items, self.buffer.rng.getstate()),
+        return {"sampler": self.source.state_dict(), "sft_sampler": self.sft_source and self.sft_source.state_dict(),
+                "buffer": (self.buffer.items, self.buffer.rng.getstate()),
                 "selfplay": self.selfplay.state_dict() if self.selfplay is not None else None, "rng": rng_state()}
 
     def load_rank_state(self, s):
         self.source.load_state_dict(s.get("sampler") or {"rng": s["sampler_rng"]})  # sampler_rng: before generate streamed
+        if self.sft_source is not None and s.get("sft_sampler"):  # --sft_data_file, which a resume cannot change
+            self.sft_source.load_state_dict(s["sft_sampler"])
         self.buffer.items, buffer_rng = s["buffer"]
         self.buffer.rng.setstate(buffer_rng)
         if self.selfplay is not None:

@@ -91,6 +91,9 @@ def test_the_same_checks_serve_every_script(capsys):
         assert f"--n {n} must be at least 1" in one_line_exit(capsys, evaluate.main, ["--n", n, "--model_path", "x"])
     assert "--max_new_tokens 0 must be at least 1" in one_line_exit(capsys, evaluate.main, ["--max_new_tokens", "0"])
     assert "--steps 0 must be at least 1" in one_line_exit(capsys, bench.main, ["scoring", "--steps", "0"])
+    assert "--sft_data_file feeds the supervised terms" in one_line_exit(capsys, train.main, ["--sft_data_file", "x"])
+    assert "--sft_data_file nowhere.jsonl: no such file" in one_line_exit(
+        capsys, train.main, ["--sft_data_file", "nowhere.jsonl", "--env_sft_coef", "1"])
     trained = ["step", "--model_path", "mini/data/rookworld-10m", "--prompts", "1", "--k", "2", "--new_tokens", "2",
                "--steps", "1", "--no_transformers", "--no_trl"]  # its rows stop at EOS: only at real lengths
     assert "--model_path goes with --real_lengths" in one_line_exit(capsys, bench.main, trained)

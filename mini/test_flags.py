@@ -462,6 +462,7 @@ FLAG_TESTS = {
     "compile": "mini/test_reference_step.py::test_trainer_update_equals_the_reference",  # its width-buckets case
     **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference"  # its supervised cases
        for name in ("env_sft_coef", "env_sft_batch", "policy_sft_coef", "policy_sft_batch")},
+    "sft_data_file": "mini/test_reference_step.py::test_the_supervised_terms_draw_from_their_own_files",
     **{name: "mini/test_sft.py::test_short_run_learns_and_writes_a_snapshot"
        for name in ("n_layer", "n_head", "n_embd", "n_positions")},
 }

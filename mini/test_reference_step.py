@@ -9,12 +9,14 @@ micro-batched, must give the same loss and the same gradient for every parameter
 
     python mini/test_reference_step.py
 """
+import json
 import math
 
 import pytest
 import torch
 
 import mini.train as train
+from mini.config import POOL_PATH
 from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.sampler import generate
@@ -303,3 +305,25 @@ def test_sampler_logprobs_equal_the_trainers_old_logprobs(snapshot, tmp_path):
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
+    """--sft_data_file: the supervised rows (A: transitions and P: analyses) come from its three positions, not
+    from the prompt source (the shipped pool of 5,000); the prompts still come from the pool. Its state goes
+    into the checkpoint, so that a resume draws on where it was."""
+    with open(POOL_PATH) as f:
+        header, *records = f.readlines()[:4]
+    own = tmp_path / "own.jsonl"
+    own.write_text(header + "".join(records))
+    fens = {json.loads(r)["fen"] for r in records}
+    t = make_trainer(snapshot, tmp_path, "--env_sft_coef", "0.5", "--env_sft_batch", "6", "--policy_sft_coef", "0.3",
+                     "--policy_sft_batch", "5", "--sft_data_file", str(own))
+    r = t.rollout()
+    t.prepare(r)
+    assert {s.fen for s in r.env_sft.samples + r.policy_sft.samples} <= fens
+    assert {s.task for s in r.env_sft.samples} == {"A"} and {s.task for s in r.policy_sft.samples} == {"P"}
+    assert not {s.fen for s in r.samples} <= fens  # the GRPO prompts: the pool's
+    state = t.rank_state()["sft_sampler"]
+    drawn = [s.prompt for s in t.supervised_rows("A", 6).samples]
+    t.load_rank_state({**t.rank_state(), "sft_sampler": state})
+    assert [s.prompt for s in t.supervised_rows("A", 6).samples] == drawn

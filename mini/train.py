@@ -122,6 +122,8 @@ class Trainer(Resumable):
         self.buffer = ReplayBuffer(seed=cfg.seed + self.rank)
         with stop_on(ValueError, OSError):  # a missing or malformed data file, no Stockfish for --data_source generate
             self.source = make_source(cfg, self.buffer, self.rank)
+            self.sft_source = make_source(dataclasses.replace(cfg, data_source="file", data_file=cfg.sft_data_file),
+                                          rank=self.rank) if cfg.sft_data_file else None  # the supervised terms' own
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 and self.main else []
         self.selfplay = None  # --data_source selfplay: positions from the policy's own games
         with stop_on(FileNotFoundError):  # no Stockfish for selfplay or --p_reward engine: says how to install it
@@ -236,7 +238,8 @@ class Trainer(Resumable):
         cfg = self.cfg
         n, drawn = max(1, batch // self.world), []
         while len(drawn) < n:  # a stream source draws a P: position first when it has none to move from
-            drawn += [s for s in self.source.draw(n - len(drawn), env_ratio=float(task == "A")) if s.task == task]
+            drawn += [s for s in (self.sft_source or self.source).draw(n - len(drawn), env_ratio=float(task == "A"))
+                      if s.task == task]
         gold = Rollout(drawn, [self.tok.encode(s.prompt) for s in drawn],
                        [self.tok.encode(s.completion) for s in drawn], [s.completion for s in drawn])
         gold.pad(self.tok.eos_token_id, max(map(len, gold.completions)) + 1, self.device,  # every row ends in EOS
@@ -403,7 +406,7 @@ class Trainer(Resumable):
             self.on_main(lambda: self.log(f"Done: final model in {self.run_dir.save_final(self.model, self.tok)}"))
             finished = True
         finally:
-            for part in (self.scorer, self.reporter, self.source, self.selfplay):
+            for part in (self.scorer, self.reporter, self.source, self.sft_source, self.selfplay):
                 if part is not None:
                     part.close()
             if self.main:
