@@ -281,9 +281,10 @@ def versus_trl(out, snapshot, a, cfg, device, workdir):
     out.update(trl_version=trl.__version__, trl_micro_batch_size=mb, trl_step_s=step_s, trl_cpu_step_s=cpu_step_s,
                trl_completions_s=n / step_s, ours_vs_trl=step_s / out["step_s"],
                ours_vs_trl_cpu_time=cpu_step_s / out["cpu_step_s"],
-               trl_peak_mem_mb=peak_memory_mb(device) if cuda else None)  # on a CPU: the whole process's high-water mark
+               trl_peak_mem_mb=peak_memory_mb(device) if cuda else None)  # a CPU's is the whole process's
     print(f"TRL {trl.__version__} GRPOTrainer: {out['trl_completions_s']:.1f} completions/s ({step_s:.2f} s per step"
-          + (f", peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB" if cuda else "") + f"); ours {out['completions_s']:.1f}: "
+          + (f", peak {out['trl_peak_mem_mb'] / 1024:.2f} GiB" if cuda else "")
+          + f"); ours {out['completions_s']:.1f}: "
           f"ours/TRL = {out['ours_vs_trl']:.2f}x"
           + ("" if cuda else f" (by CPU seconds per step, {out['ours_vs_trl_cpu_time']:.2f}x)"))
 

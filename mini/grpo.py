@@ -7,8 +7,8 @@ are aligned (logits[:, t] predicts ids[:, t]).
 
 Distribution: every log-prob, KL and entropy here is of the tempered softmax(logits / temperature),
 the one the sampler draws from, computed in fp32. With top_k > 0 the sampler renormalises over k
-tokens (and any tied with the k-th) while the loss uses the full tempered distribution (as TRL does): ratio and KL are then those
-of the untruncated policy, exact for top_k = 0.
+tokens (and any tied with the k-th) while the loss uses the full tempered distribution (as TRL does):
+ratio and KL are then those of the untruncated policy, exact for top_k = 0.
 
 Micro-batching: each loss divides by global normalisers of the full rollout batch (normalisers()),
 so the losses and metrics of the micro-batches sum to those of the full batch.
