@@ -809,7 +809,7 @@ MUTANTS = [
            "        workers = a.score_workers",
            ("mini/test_bench.py::test_sampler_and_scoring_modes",)),
     Mutant("mate_after_the_move_one_short", "a move that mates in k + 1 is scored as a mate in k",
-           "stockfish.py", "            cp -= 1\n", "",
+           "stockfish.py", "            cp -= 1\n", "            cp -= 0\n",
            ("mini/test_engine_reward.py::test_a_mate_after_the_move_counts_the_move",)),
     Mutant("move_cache_of_another_rule_read", "move-cache lines scored by the old mate rule are taken as they are",
            "stockfish.py", 'r.get("rule") == MOVE_CACHE_RULE', "True",
