@@ -128,14 +128,14 @@ class Config:
                               "the true next state of --env_sft_batch A: transitions a step, which holds the arbiter "
                               "while P: updates move the shared weights (its groups mostly agree, so GRPO gives them "
                               "no advantage); 0: off", check=at_least(0))
-    env_sft_batch: int = opt(16, "A: transitions a step for --env_sft_coef, drawn from the prompt source",
-                             check=at_least(1))
+    env_sft_batch: int = opt(16, "A: transitions a step for --env_sft_coef, drawn from the prompt source or "
+                             "--sft_data_file", check=at_least(1))
     policy_sft_coef: float = opt(0.0, "weight of a supervised loss on P: prompts, as --env_sft_coef's on A:: the mean "
                                  "negative log-likelihood of Stockfish's analysis (M:, E:, B:) of --policy_sft_batch "
                                  "P: positions a step, which holds the labelled moves (legal ones, mates) while GRPO's "
                                  "updates drift; 0: off", check=at_least(0))
-    policy_sft_batch: int = opt(16, "P: positions a step for --policy_sft_coef, drawn from the prompt source",
-                                check=at_least(1))
+    policy_sft_batch: int = opt(16, "P: positions a step for --policy_sft_coef, drawn from the prompt source or "
+                                "--sft_data_file", check=at_least(1))
     sft_data_file: str = opt("", "files (.jsonl like the pool, or RookWorld text; several comma-separated) that the "
                              "supervised terms (--env_sft_coef, --policy_sft_coef) draw from instead of the prompt "
                              "source; A: rows are half the files' transitions, half python-chess transitions on "

@@ -344,7 +344,8 @@ def make_source(cfg, buffer=None, rank=0):
     if not samples:
         raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one "
                          "position")
-    if cfg.policy_sft_coef > 0 and not any(s.task == "P" for s in samples):
+    feeds_policy_sft = cfg.policy_sft_coef > 0 and not cfg.sft_data_file  # else the term draws from that file's source
+    if feeds_policy_sft and not any(s.task == "P" for s in samples):
         raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position for --policy_sft_coef to learn from: add "
                          "a file with P: positions, or leave --policy_sft_coef at 0")
     return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))

@@ -820,6 +820,10 @@ MUTANTS = [
     Mutant("sft_sampler_not_resumed", "a resume restarts the supervised terms' own source from its start",
            "runs.py", '            self.sft_source.load_state_dict(s["sft_sampler"])', "            pass",
            ("mini/test_reference_step.py::test_the_supervised_terms_draw_from_their_own_files",)),
+    Mutant("policy_sft_check_on_prompt_source", "with --sft_data_file, a prompt source without P: positions is refused "
+           "for the P: term, which does not draw from it", "dataset.py",
+           "cfg.policy_sft_coef > 0 and not cfg.sft_data_file", "cfg.policy_sft_coef > 0",
+           ("mini/test_dataset.py::test_policy_sft_on_a_file_without_p_positions_says_so",)),
     Mutant("largest_seed_overflows_numpy", "--seed 2**32 - 1 under torchrun fails on rank 1 and above",
            "runtime.py", "np.random.seed(seed % 2**32)", "np.random.seed(seed)",
            ("mini/test_train.py::test_the_largest_seed_plus_a_rank_still_seeds_numpy",)),

@@ -110,6 +110,8 @@ def test_policy_sft_on_a_file_without_p_positions_says_so(tmp_path):
     assert make_source(Config(data_source="file", data_file=str(path))).env  # without the term: fine
     with pytest.raises(ValueError, match="holds no P: position for --policy_sft_coef"):
         make_source(Config(data_source="file", data_file=str(path), policy_sft_coef=1.0))
+    # with --sft_data_file the term draws from that file's source: an arbiter-only prompt source is fine
+    assert make_source(Config(data_source="file", data_file=str(path), policy_sft_coef=1.0, sft_data_file=POOL_PATH))
 
 
 def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_path):

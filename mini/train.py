@@ -122,8 +122,8 @@ class Trainer(Resumable):
         self.buffer = ReplayBuffer(seed=cfg.seed + self.rank)
         with stop_on(ValueError, OSError):  # a missing or malformed data file, no Stockfish for --data_source generate
             self.source = make_source(cfg, self.buffer, self.rank)
-            self.sft_source = make_source(dataclasses.replace(cfg, data_source="file", data_file=cfg.sft_data_file),
-                                          rank=self.rank) if cfg.sft_data_file else None  # the supervised terms' own
+            sft_cfg = dataclasses.replace(cfg, data_source="file", data_file=cfg.sft_data_file, sft_data_file="")
+            self.sft_source = make_source(sft_cfg, rank=self.rank) if cfg.sft_data_file else None  # the terms' own
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 and self.main else []
         self.selfplay = None  # --data_source selfplay: positions from the policy's own games
         with stop_on(FileNotFoundError):  # no Stockfish for selfplay or --p_reward engine: says how to install it
@@ -233,8 +233,8 @@ class Trainer(Resumable):
 
     def supervised_rows(self, task, batch):
         """--env_sft_coef (task "A") or --policy_sft_coef ("P"): this rank's share of `batch` prompts of the task
-        from the prompt source, each with its true completion (A: python-chess's next state; P: Stockfish's
-        analysis) and EOS after it, as a padded rollout of groups of 1."""
+        from --sft_data_file's source, or else the prompt source, each with its true completion (A: python-chess's
+        next state; P: Stockfish's analysis) and EOS after it, as a padded rollout of groups of 1."""
         cfg = self.cfg
         n, drawn = max(1, batch // self.world), []
         while len(drawn) < n:  # a stream source draws a P: position first when it has none to move from
