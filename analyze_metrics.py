@@ -31,9 +31,15 @@ def load_metrics(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.exists(path):
         raise ValueError(f"{path} does not exist; pass a run directory of mini/train.py or its metrics.jsonl")
+    if path.endswith(".json"):  # evaluate.py's and chess_eval.py's reports: one JSON object, not rows
+        raise ValueError(f"{path} is a report, not a run's metrics.jsonl; compare reports with evaluate.py --compare")
     rows = read_rows(path)
     if not all(isinstance(r, dict) and "step" in r for r in rows):
         raise ValueError(f"{path} holds rows without a step: it is not the metrics.jsonl of mini/train.py")
+    bad = [r["step"] for r in rows if type(r["step"]) is not int or r["step"] < 0]  # type(): True is no step
+    if bad:
+        raise ValueError(f"{path} holds a step of {bad[0]!r}, not a whole number: the file was edited or damaged; "
+                         "mend or remove that row")
     if not rows:
         raise ValueError(f"{path} is empty: the run logged no step yet")
     return sorted(rows, key=lambda r: r["step"])
@@ -122,6 +128,8 @@ def main(argv=None):
         p.error("--windows must be at least 1")
     if args.out and not args.plot:
         p.error("--out is the folder of --plot's PNGs; add --plot")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out} is a file; name a folder for the PNGs")
     names = [run_name(r) for r in args.runs]
     if len(set(names)) < len(names):  # two runs of the same name from different folders: label them by path
         names = [os.path.normpath(r) for r in args.runs]

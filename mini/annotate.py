@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
-from mini.flags import Parser, Switch
+from mini.flags import Parser, Switch, error_sentence
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
@@ -302,7 +302,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.describe:
         for path in a.describe:
-            print("\n".join(describe(path)))
+            try:
+                print("\n".join(describe(path)))
+            except (OSError, ValueError) as e:  # a missing, unreadable or malformed file
+                sys.exit(f"annotate.py --describe: {error_sentence(e)}")
         return
     a.argv = sys.argv[1:] if argv is None else argv
     games_only = [f"--{k}" for k in ("eval_games", "eval_transitions", "transitions", "cut_rate", "king_shares")

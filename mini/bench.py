@@ -450,7 +450,7 @@ def bench_engine_reward(rng, positions, k, workers):
 
 def main(argv=None):
     p = Parser(__doc__, usage="%(prog)s [step|sampler|scoring] [options]",
-               checks={"prompts": at_least(1), "k": at_least(1), "new_tokens": at_least(1), "steps": at_least(1),
+               checks={"prompts": at_least(1), "k": at_least(1), "new_tokens": at_least(2), "steps": at_least(1),
                        "peak_tflops": at_least(0), "peak_gbps": at_least(0), "trl_steps": at_least(1)})
     p.add_argument("mode", nargs="?", default="step", choices=list(MODE_DEFAULTS))
     p.add_argument("--n_layer", type=int, help="model shape (default: step 12 x 12 heads x 768, sampler 4 x 4 x 256)")
@@ -485,6 +485,8 @@ def main(argv=None):
     p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
     a = p.parse_args(argv)
+    if a.mode != "step" and a.model_path:
+        p.error(f"--model_path times a trained model in the step mode only; the {a.mode} mode would ignore it")
     if a.mode == "step" and a.model_path and not a.real_lengths:
         p.error("--model_path goes with --real_lengths: a trained model's rows stop at EOS, so the comparisons and "
                 "the decode bandwidth would count --new_tokens tokens that never ran")

@@ -19,7 +19,7 @@ import chess
 import chess.engine
 
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
-from mini.flags import Parser, Switch
+from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
 from mini.dataset import shipped_keys
 from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap, report_path, save_report
 from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
@@ -339,12 +339,17 @@ def parse_args(argv):
 def main(argv=None):
     p, a = parse_args(argv)
     if a.build_mates:
+        for problem in unwritable_outputs({"mates_path": a.mates_path}, ("mates_path",))[:1]:
+            p.error(problem)  # before minutes of games
         return build_command(a, argv)
     if a.compare:
         try:
             paired, unpaired = compare(*a.compare)
         except (OSError, ValueError, KeyError) as e:
-            sys.exit(f"chess_eval.py: {e}")
+            sys.exit(f"chess_eval.py: {error_sentence(e)}")
+        if not paired and not unpaired:
+            sys.exit("chess_eval.py: the two reports share no figure (each skipped what the other ran); make them "
+                     "with the same sections")
         print(f"{'metric':34s} {'before':>9s} {'after':>9s} {'delta':>9s} {'95% CI of delta':>22s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in paired.items():
             print(f"{k:34s} {b0:9.4f} {a0:9.4f} {d:+9.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>22s} {n:5d}")
@@ -358,6 +363,11 @@ def main(argv=None):
         p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {SF_STARTS} starts and "
                 f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are "
                 "random)")
+    if a.stockfish_path:  # a binary the user named must be there; without one, the engine's sections are skipped
+        try:
+            find_stockfish(a.stockfish_path)
+        except FileNotFoundError as e:
+            p.error(str(e))
     device = resolve_device(a.device)
     try:
         model, tok = load_model(a.model_path, device)
@@ -367,7 +377,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         report = run_suite(greedy, sampler, a)
     except (LoadError, OSError, ValueError, EngineFailure) as e:
-        sys.exit(f"chess_eval.py: {e}")
+        sys.exit(f"chess_eval.py: {error_sentence(e)}")
     settings = dict(vars(a), engine=report.pop("engine", None))  # the Stockfish that judged or played, if one did
     report = {"suite": "chess", "model_path": a.model_path, "settings": settings,
               "total_seconds": time.perf_counter() - t0, **report}

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
-from mini.flags import Parser, Switch, unwritable_outputs
+from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import LoadError, load_model
@@ -370,14 +370,14 @@ def main(argv=None):
             try:
                 from mini.plots import compare_bars  # matplotlib is an optional extra: only --plot needs it
             except ImportError as e:
-                sys.exit(f"evaluate.py: {e}")
+                sys.exit(f"evaluate.py: {error_sentence(e)}")
         engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
         if reason:
             print(reason, file=sys.stderr)
         try:
             rows = compare(*args.compare, engine=engine)
         except (OSError, ValueError, KeyError, EngineFailure) as e:
-            sys.exit(f"evaluate.py: {e}")
+            sys.exit(f"evaluate.py: {error_sentence(e)}")
         w = max(map(len, rows), default=6)  # the names' column as wide as the longest
         print(f"{'metric':{w}s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
@@ -397,7 +397,7 @@ def main(argv=None):
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
                                progress=True, compile_decode=args.compile_decode)
     except (LoadError, OSError, ValueError) as e:
-        sys.exit(f"evaluate.py: {e}")
+        sys.exit(f"evaluate.py: {error_sentence(e)}")
     seconds = time.perf_counter() - t0
     engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
     if reason:
@@ -405,7 +405,7 @@ def main(argv=None):
     try:
         values = per_sample_values(samples, completions, args.shaping, engine)
     except EngineFailure as e:  # --engine_quality with an engine that keeps failing
-        sys.exit(f"evaluate.py: {e}")
+        sys.exit(f"evaluate.py: {error_sentence(e)}")
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():

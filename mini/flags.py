@@ -110,14 +110,23 @@ def missing_files(values):
     return out
 
 
-OUTPUT_FLAGS = ("out", "plot", "pool_path", "eval_path")  # files a script writes when its work is done
+OUTPUT_FLAGS = ("out", "plot", "pool_path", "eval_path", "json")  # files a script writes when its work is done
+CACHE_FLAGS = ("engine_cache", "cache")  # Stockfish's caches, read and appended to; looked at only when used
 
 
-def unwritable_outputs(values):
+def error_sentence(e):
+    """An exception as the one sentence a script exits with: an OSError names its file and says what to do
+    (str() gives "[Errno 21] Is a directory: 'x'")."""
+    if isinstance(e, OSError) and e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror[0].lower()}{e.strerror[1:]}; check the path"
+    return str(e)
+
+
+def unwritable_outputs(values, names=OUTPUT_FLAGS):
     """The output files the flags name that could not be written, one sentence each: looked for at parse time,
     so that minutes of evaluation or labelling are not lost to a path that was a folder or read-only."""
     out = []
-    for name in OUTPUT_FLAGS:
+    for name in names:
         path = values.get(name)
         if not path:
             continue
@@ -131,6 +140,11 @@ def unwritable_outputs(values):
             out.append(f"--{name} {path}: {folder} is a file, not a folder; pick another path")
         elif not os.access(folder, os.W_OK | os.X_OK):
             out.append(f"--{name} {path}: {folder} cannot be written to; pick a folder you can write to")
+    for name in CACHE_FLAGS:  # written when used, so only a folder is refused here
+        path = values.get(name)
+        if path and os.path.isdir(path):
+            out.append(f"--{name} {path} is a folder; name a file, such as "
+                       f"{os.path.join(path, 'stockfish.jsonl')}, or '' for no cache")
     return out
 
 

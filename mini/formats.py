@@ -248,6 +248,10 @@ def check_policy(fen, moves, evals, best=None):
         raise ValueError("needs a list of 1 to 5 moves")
     if not isinstance(evals, list) or len(evals) != len(moves):
         raise ValueError(f"{len(moves)} moves need {len(moves)} evals, got {evals!r:.40}")
+    if any(isinstance(e, bool) for e in evals):  # float(True) is 1.0: a field mixed up, not an eval
+        raise ValueError(f"evals {evals!r:.40} hold true or false, not numbers")
+    if len(set(moves)) < len(moves):
+        raise ValueError(f"moves {moves!r:.60} list a move twice; Stockfish's candidates are distinct")
     for x in moves:
         if x not in legal_ucis(fen):
             raise ValueError(f"move {x} is illegal in the position")

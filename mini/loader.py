@@ -8,6 +8,7 @@ merges.txt), from a local directory or the hub:
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -139,6 +140,10 @@ def load_model(name_or_path, device="cpu"):
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":  # HF's causal-mask
             continue  # buffers, and the output layer, which is the embedding (tied), read from wte as transformers does
         if key not in own:
+            layer = re.match(r"transformer\.h\.(\d+)\.", key)
+            if layer and key.replace(layer[0], "transformer.h.0.") in own:  # a block past config.json's n_layer
+                raise LoadError(f"{path}: the weights hold a layer {layer[1]} (from 0), past config.json's n_layer "
+                                f"{cfg.n_layer}; config.json and the weights do not match")
             raise LoadError(f"{path}: unexpected weight {key!r}; this is not a GPT-2 checkpoint")
         if key.endswith(CONV1D):
             w = w.t()
@@ -148,6 +153,11 @@ def load_model(name_or_path, device="cpu"):
         own[key].copy_(w.float())
         loaded.add(key)
     missing = set(own) - loaded - {"lm_head.weight"}
+    layers = {int(k.split(".")[2]) for k in loaded if k.startswith("transformer.h.")}
+    if missing and layers and all(k.startswith("transformer.h.") and int(k.split(".")[2]) > max(layers)
+                                  for k in missing):  # whole blocks past the last one the weights hold
+        raise LoadError(f"{path}: the weights hold {max(layers) + 1} layers but config.json says n_layer "
+                        f"{cfg.n_layer}; config.json and the weights do not match")
     if missing:
         raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
     has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))

@@ -63,7 +63,7 @@ def test_cli_prints_trend_and_evals(tmp_path, capsys):
     assert "10 steps, 1.0 min" in out and "1-5" in out and "6-10" in out and "held-out evaluation" in out
 
 
-def test_cli_explains_bad_input(tmp_path):
+def test_cli_explains_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit, match="does not exist"):
         am.main([str(tmp_path / "nope")])
     run = write_run(tmp_path, [{"step": 1}, {"step": 2}])
@@ -78,6 +78,17 @@ def test_cli_explains_bad_input(tmp_path):
         f.write('\n{"step": 4}\n')
     with pytest.raises(SystemExit, match="metrics.jsonl:3: not a JSON row"):
         am.main([run])
+    for step in (None, "2", True, -1, 1.5):  # a hand-edited step: no sort of mixed types, no "True-True" window
+        write_run(tmp_path, [{"step": 1}, {"step": step}])
+        with pytest.raises(SystemExit, match=f"holds a step of {step!r}, not a whole number"):
+            am.main([run])
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(SystemExit, match="is a report, not a run's metrics.jsonl"):
+        am.main([str(tmp_path / "report.json")])
+    write_run(tmp_path, [{"step": 1}, {"step": 2}])
+    with pytest.raises(SystemExit):
+        am.main([run, "--plot", "--out", str(tmp_path / "report.json")])
+    assert f"error: --out {tmp_path / 'report.json'} is a file; name a folder" in capsys.readouterr().err
 
 
 def test_cli_several_runs_print_each_summary(tmp_path, capsys):

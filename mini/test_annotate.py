@@ -2,6 +2,7 @@
 import itertools
 import json
 import os
+import re
 import signal
 
 import chess
@@ -234,6 +235,10 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
         "  in check     25.0%",
         "  king safety  check 25%, pin 0%, king_square 25%, unconstrained 50%",
         "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
+    for bad, says in ((tmp_path, f"{tmp_path}: is a directory; check the path"),
+                      (tmp_path / "nowhere.jsonl", f"{tmp_path / 'nowhere.jsonl'}: no such file or directory")):
+        with pytest.raises(SystemExit, match=re.escape(f"annotate.py --describe: {says}")):  # no traceback
+            main(["--describe", str(bad)])
 
 
 class ScreenAnnotator:

@@ -360,6 +360,18 @@ def test_compare_names_a_file_that_is_not_a_report(tmp_path):
         ce.main(["--compare", chess_report, str(evaluate_report)])
     with pytest.raises(SystemExit, match=re.escape(f"chess_eval.py: {bad} is not JSON")):
         ce.main(["--compare", str(bad), chess_report])
+    with pytest.raises(SystemExit, match=re.escape(f"chess_eval.py: {tmp_path / 'nowhere.json'}: no such file")):
+        ce.main(["--compare", str(tmp_path / "nowhere.json"), chess_report])  # not "[Errno 2] ..."
+    with pytest.raises(SystemExit, match="the two reports share no figure"):  # every section skipped in one
+        ce.main(["--compare", chess_report, chess_report])
+
+
+def test_a_stockfish_the_user_named_must_be_there(capsys):
+    """Without --stockfish_path the engine's sections are skipped when none is found; a path typed is refused."""
+    with pytest.raises(SystemExit):
+        ce.main(["--model_path", "mini/data/rookworld-10m", "--stockfish_path", "/nonexistent/stockfish"])
+    err = capsys.readouterr().err
+    assert "error: Stockfish not found (no executable at /nonexistent/stockfish)" in err and err.count("\n") == 1
 
 
 def test_quick_metrics_on_tiny_model(tiny):

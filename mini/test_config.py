@@ -98,6 +98,9 @@ def test_the_same_checks_serve_every_script(capsys):
                "--steps", "1", "--no_transformers", "--no_trl"]  # its rows stop at EOS: only at real lengths
     assert "--model_path goes with --real_lengths" in one_line_exit(capsys, bench.main, trained)
     assert "sees no CUDA device" in one_line_exit(capsys, bench.main, ["--device", "cuda"])
+    assert "--new_tokens 1 must be at least 2" in one_line_exit(capsys, bench.main, ["sampler", "--new_tokens", "1"])
+    assert "the sampler mode would ignore it" in one_line_exit(
+        capsys, bench.main, ["sampler", "--model_path", "mini/data/rookworld-10m"])
 
 
 def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp_path, monkeypatch):
@@ -112,9 +115,17 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
              (evaluate.main, "--plot", str(tmp_path / "a_file" / "deeper" / "p.png"), "is a file, not a folder"),
              (annotate.main, "--pool_path", str(tmp_path), "is a folder"),
              (annotate.main, "--eval_path", str(tmp_path / "a_file" / "e.jsonl"), "is a file, not a folder"),
-             (chess_eval.main, "--out", str(tmp_path / "new") + os.sep, "is a folder; name a file")]  # one to be made
+             (chess_eval.main, "--out", str(tmp_path / "new") + os.sep, "is a folder; name a file"),  # one to be made
+             (bench.main, "--json", str(tmp_path), "is a folder; name a file"),
+             (evaluate.main, "--engine_cache", str(tmp_path), "is a folder; name a file"),  # appended to as it goes
+             (train.main, "--engine_cache", str(tmp_path), "is a folder; name a file"),
+             (annotate.main, "--cache", str(tmp_path), "is a folder; name a file"),
+             (chess_eval.main, "--mates_path", str(tmp_path), "is a folder; name a file")]  # with --build_mates
     for fn, flag, path, says in cases:
-        argv = [flag, path] + (["--model_path", "/nonexistent/model"] if fn is not annotate.main else [])
+        if flag == "--mates_path":  # what --build_mates writes
+            argv = [flag, path, "--build_mates"]
+        else:
+            argv = [flag, path] + (["--model_path", "/nonexistent/model"] if fn in (evaluate.main, chess_eval.main) else [])
         err = one_line_exit(capsys, fn, argv)
         assert f"{flag} {path}" in err and says in err and "does not exist" not in err, err
     for fn, argv in ((evaluate.main, ["--out", str(tmp_path / "new" / "deeper" / "r.json")]),  # folders made later

@@ -137,12 +137,32 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
            ({"fen": START, "move": "e2e4", "history": ["e2e4", 7]}, "a history is a list of UCI moves")]
     path = tmp_path / "positions.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [{"meta": {}}, good] + [r for r, _ in bad]
-                            + [dict(good, history="g1f3 g8f6")]))  # a string of moves, as an A: record's may be
+                            + [dict(good, history="g1f3 g8f6")]  # a string of moves, as an A: record's may be
+                            + [{"fen": START, "move": "e2e9", "history": ["e2e9"]}]))  # the move judged may be garbled
     assert [(s.fen, s.moves, s.best, s.history) for s in load_jsonl(str(path))] == [
-        (START, ["e2e4", "d2d4"], "e2e4", []), (START, ["e2e4", "d2d4"], "e2e4", ["g1f3", "g8f6"])]
+        (START, ["e2e4", "d2d4"], "e2e4", []), (START, ["e2e4", "d2d4"], "e2e4", ["g1f3", "g8f6"]),
+        (START, [], "", ["e2e9"])]
     err = capsys.readouterr().err.splitlines()
-    assert [line.startswith(f"{path}:{i}: ") and what in line for i, (line, (_, what)) in enumerate(zip(err, bad), 3)] == [True] * 8
+    assert [line.startswith(f"{path}:{i}: ") and what in line
+            for i, (line, (_, what)) in enumerate(zip(err, bad), 3)] == [True] * len(bad)
     with pytest.raises(ValueError, match=f"{path}:3: bad FEN"):
+        load_jsonl(str(path), skip_bad_lines=False)
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"fen": START, "moves": ["e2e4"], "evals": [0.3], "history": ["zz"]}, "history move 'zz' is not a UCI move"),
+    ({"fen": START, "move": "e2e4", "history": ["e7e9", "e2e4"]}, "history move 'e7e9' is not a UCI move"),
+    ({"fen": START, "move": "e2e4"}, 'an A: record needs "move" as a UCI string and "history"'),
+    ({"fen": START, "move": 5, "history": []}, 'an A: record needs "move" as a UCI string'),
+    ({"fen": START, "moves": ["e2e4", "e2e4"], "evals": [0.3, 0.2]}, "moves ['e2e4', 'e2e4'] list a move twice"),
+    ({"fen": START, "moves": ["e2e4"], "evals": [True]}, "evals [True] hold true or false, not numbers"),
+])
+def test_records_a_prompt_would_print_wrong_say_so(tmp_path, record, message):
+    """A history is printed into A: prompts, an eval of true would be 1.0, a repeated move a second label: each
+    refused with its line."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: {message}")):
         load_jsonl(str(path), skip_bad_lines=False)
 
 

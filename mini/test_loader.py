@@ -169,8 +169,14 @@ def test_missing_unexpected_and_too_many_tokens_are_load_errors(snapshot, tmp_pa
     LoadError that says so, not random weights, a KeyError, or token ids past the output layer."""
     model, path = snapshot
     state = load_file(os.path.join(path, "model.safetensors"))
+    n = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("transformer.h."))
+    last = {k: w for k, w in state.items() if k.startswith(f"transformer.h.{n - 1}.")}
     cases = [({k: w for k, w in state.items() if k != "transformer.h.1.mlp.c_fc.bias"}, "weights missing for"),
-             ({**state, "transformer.h.0.attn.rotary": torch.zeros(3)}, "unexpected weight 'transformer.h.0.attn.rotary'")]
+             ({**state, "transformer.h.0.attn.rotary": torch.zeros(3)}, "unexpected weight 'transformer.h.0.attn.rotary'"),
+             ({k: w for k, w in state.items() if k not in last},  # config.json says one layer more
+              f"the weights hold {n - 1} layers but config.json says n_layer {n}; config.json and the weights do not"),
+             ({**state, **{k.replace(f".h.{n - 1}.", f".h.{n}."): w.clone() for k, w in last.items()}},  # one more
+              f"the weights hold a layer {n} \\(from 0\\), past config.json's n_layer {n}")]
     for i, (weights, message) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         with pytest.raises(LoadError, match=message):
