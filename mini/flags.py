@@ -80,6 +80,10 @@ def problems(values, checks=None):
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")
+    shaped = [f"--{k} {v(k)}" for k in ("n_layer", "n_head", "n_embd") if v(k) not in (None, FIELDS[k].default)]
+    if shaped and v("model_path") not in (None, "", "scratch"):  # else the flags would be ignored
+        out.append(f"{', '.join(shaped)}: the shape of a model built from scratch (--model_path scratch); the "
+                   f"snapshot {v('model_path')} keeps its own (sft.py deepens one with --grow_layers)")
     out += unwritable_outputs(values) + missing_files(values)
     return [p for p in out if p]
 

@@ -372,6 +372,9 @@ def test_a_stockfish_the_user_named_must_be_there(capsys):
         ce.main(["--model_path", "mini/data/rookworld-10m", "--stockfish_path", "/nonexistent/stockfish"])
     err = capsys.readouterr().err
     assert "error: Stockfish not found (no executable at /nonexistent/stockfish)" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit):  # --n sizes --build_mates only: the suite would ignore it
+        ce.main(["--model_path", "mini/data/rookworld-10m", "--n", "5"])
+    assert "--n 5 is the number of positions --build_mates makes" in capsys.readouterr().err
 
 
 def test_quick_metrics_on_tiny_model(tiny):

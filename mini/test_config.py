@@ -99,6 +99,8 @@ def test_the_same_checks_serve_every_script(capsys):
     assert "--model_path goes with --real_lengths" in one_line_exit(capsys, bench.main, trained)
     assert "sees no CUDA device" in one_line_exit(capsys, bench.main, ["--device", "cuda"])
     assert "--new_tokens 1 must be at least 2" in one_line_exit(capsys, bench.main, ["sampler", "--new_tokens", "1"])
+    assert "--n_layer 2: the shape of a model built from scratch" in one_line_exit(  # else ignored
+        capsys, sft.main, ["--model_path", "mini/data/rookworld-10m", "--n_layer", "2"])
     assert "the sampler mode would ignore it" in one_line_exit(
         capsys, bench.main, ["sampler", "--model_path", "mini/data/rookworld-10m"])
 
@@ -233,10 +235,12 @@ EDGES = [
 def test_every_range_holds_its_edges_and_refuses_one_step_beyond(capsys, script, flag, good, bad):
     """Off-by-one bounds (< for <=, an open interval for a closed one): the edge value parses to itself, the
     value just outside is one line naming the flag."""
+    shape = ["--model_path", "scratch"] if flag in ("--n_layer", "--n_head", "--n_embd") else []  # else refused
     for value in good:
-        assert getattr(parse_args([flag, value], script=script), flag[2:]) == type(getattr(Config(), flag[2:]))(value)
+        parsed = parse_args([flag, value] + shape, script=script)
+        assert getattr(parsed, flag[2:]) == type(getattr(Config(), flag[2:]))(value)
     for value in bad:
-        err = one_line_exit(capsys, lambda a: parse_args(a, script=script), [flag, value])
+        err = one_line_exit(capsys, lambda a: parse_args(a, script=script), [flag, value] + shape)
         assert f"error: {flag} " in err and "must be" in err, err
 
 
