@@ -65,26 +65,30 @@ class RewardBaseline:
       ema         a running mean μ_τ of the reward per task type τ ("P", "A"),
                   μ_τ ← d·μ_τ + (1−d)·(mean reward of τ in the batch);
       adaptive    the group mean shrunk towards the EMA by inverse-variance weighting,
-                  b = w·mean_g + (1−w)·μ_τ,  w = (K·v_τ + eps) / (K·v_τ + s_g² + eps),
-                  s_g² the group's reward variance (its mean has variance s_g²/K) and v_τ a running mean
-                  of (mean_g − μ_τ)², the EMA's error as a predictor of a group mean. Large or consistent
-                  groups trust their own mean (w → 1); small noisy groups lean on the EMA.
+                  b = w·mean_g + (1−w)·μ_τ,  w = (K·τ² + eps) / (K·τ² + s_g² + eps),
+                  s_g² the group's reward variance (its mean has variance s_g²/K) and τ² the EMA's error
+                  as a predictor of a group's true mean: τ² = max(v_τ − n_τ, 0), v_τ a running mean of
+                  (mean_g − μ_τ)², which holds each group mean's own noise too, and n_τ a running mean of
+                  s_g²/K, that noise. Groups whose true means differ trust their own mean (w → 1); groups
+                  that share one (τ² → 0) lean on the EMA, the better estimate of it.
     The state is updated with the batch before use (the first batch initialises it) for every type."""
 
     def __init__(self, baseline_type="group_mean", ema_decay=0.9, eps=1e-6):
         assert baseline_type in ("group_mean", "ema", "adaptive"), baseline_type
         self.baseline_type, self.decay, self.eps = baseline_type, ema_decay, eps
-        self.mean, self.var = {}, {}  # per task type
+        self.mean, self.var, self.noise = {}, {}, {}  # per task type
 
     def __call__(self, rewards, tasks, k):
         """rewards (N,), tasks: N task types (constant within a group) -> baseline (N,)."""
         g = rewards.float().view(-1, k)  # (G, K)
-        gm, gtask = g.mean(1), list(tasks)[::k]  # (G,), one task per group
+        gm, gvar, gtask = g.mean(1), g.var(1), list(tasks)[::k]  # (G,), (G,), one task per group
         for t in set(gtask):
-            x = gm[[i for i, u in enumerate(gtask) if u == t]]
+            rows = [i for i, u in enumerate(gtask) if u == t]
+            x = gm[rows]
             m = self.mean.get(t, x.mean().item())
             d = self.decay if t in self.mean else 0.0
             self.var[t] = d * self.var.get(t, 0.0) + (1 - d) * ((x - m) ** 2).mean().item()
+            self.noise[t] = d * self.noise.get(t, 0.0) + (1 - d) * (gvar[rows] / k).mean().item()
             self.mean[t] = d * m + (1 - d) * x.mean().item()
         group_mean = gm.repeat_interleave(k)  # (N,)
         if self.baseline_type == "group_mean":
@@ -92,15 +96,16 @@ class RewardBaseline:
         ema = torch.tensor([self.mean[t] for t in tasks], device=g.device)  # (N,)
         if self.baseline_type == "ema":
             return ema
-        kv = k * torch.tensor([self.var[t] for t in tasks], device=g.device)  # (N,)
-        w = (kv + self.eps) / (kv + g.var(1).repeat_interleave(k) + self.eps)
+        tau2 = torch.tensor([max(self.var[t] - self.noise[t], 0.0) for t in tasks], device=g.device)  # (N,)
+        w = (k * tau2 + self.eps) / (k * tau2 + gvar.repeat_interleave(k) + self.eps)
         return w * group_mean + (1 - w) * ema
 
     def state_dict(self):
-        return {"mean": dict(self.mean), "var": dict(self.var)}
+        return {"mean": dict(self.mean), "var": dict(self.var), "noise": dict(self.noise)}
 
     def load_state_dict(self, state):
         self.mean, self.var = dict(state["mean"]), dict(state["var"])
+        self.noise = dict(state.get("noise", {}))  # a checkpoint from before n_τ: it builds up from 0
 
 
 def group_rows(rows, k, device=None):

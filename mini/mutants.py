@@ -843,6 +843,10 @@ MUTANTS = [
     Mutant("layer_count_blamed_on_checkpoint", "config.json's n_layer above the weights' is called an incomplete "
            "checkpoint", "loader.py", "    if missing and layers and all(", "    if False and layers and all(",
            ("mini/test_loader.py::test_missing_unexpected_and_too_many_tokens_are_load_errors",)),
+    Mutant("adaptive_baseline_counts_group_noise", "the adaptive baseline takes v_tau, which holds the group means' "
+           "own noise, for the EMA's error (w stays near 0.5 where groups share a mean)", "grpo.py",
+           "max(self.var[t] - self.noise[t], 0.0)", "self.var[t]",
+           ("mini/test_grpo.py::test_adaptive_baseline_weighs_the_group_mean_by_how_much_groups_differ",)),
     Mutant("largest_seed_overflows_numpy", "--seed 2**32 - 1 under torchrun fails on rank 1 and above",
            "runtime.py", "np.random.seed(seed % 2**32)", "np.random.seed(seed)",
            ("mini/test_train.py::test_the_largest_seed_plus_a_rank_still_seeds_numpy",)),

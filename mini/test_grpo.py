@@ -98,10 +98,36 @@ def test_reward_baseline_hand_example_and_state():
     assert bl["ema"].mean == pytest.approx({"P": 0.3, "A": 0.95})
     assert bl["ema"].var == pytest.approx({"P": 0.0875, "A": 0.025})
     assert torch.allclose(second["ema"], torch.tensor([0.3, 0.3, 0.95, 0.95, 0.3, 0.3]))
-    wA, wP = (0.05 + 1e-6) / (0.05 + 0.5 + 1e-6), (0.175 + 1e-6) / (0.175 + 0.5 + 1e-6)  # w = (Kv+eps)/(Kv+s^2+eps)
-    bA, bP = wA * 0.5 + (1 - wA) * 0.95, wP * 0.5 + (1 - wP) * 0.3
+    # n (the group means' own noise s^2/K): first P (0.5/2 + 0)/2 = 0.125, A 0; then P 0.125, A 0.1*0.5/2 = 0.025
+    assert bl["adaptive"].noise == pytest.approx({"P": 0.125, "A": 0.025})
+    # tau^2 = max(v - n, 0): P max(0.0875 - 0.125, 0) = 0, A 0.025 - 0.025 = 0: every group leans on the EMA
+    w = 1e-6 / (0.5 + 1e-6)  # w = (K tau^2 + eps) / (K tau^2 + s^2 + eps), s^2 = 0.5
+    bA, bP = w * 0.5 + (1 - w) * 0.95, w * 0.5 + (1 - w) * 0.3
     assert torch.allclose(second["adaptive"], torch.tensor([1, 1, bA, bA, bP, bP]))  # s^2 = 0: w = 1
     assert torch.allclose(restored(r2, tasks, 2), second["adaptive"])
+    third = bl["adaptive"](torch.tensor([1.0, 1, 0, 0, 1, 0]), ["A"] * 6, 2)  # three A: groups, means 1, 0, 0.5
+    # A: v 0.9*0.025 + 0.1*(0.05^2 + 0.95^2 + 0.45^2)/3 = 0.0594167, n 0.9*0.025 + 0.1*(0 + 0 + 0.25)/3 = 0.0308333,
+    # tau^2 = 0.0285833; mean 0.9*0.95 + 0.1*0.5 = 0.905; the third group (s^2 = 0.5) weighs its own mean by w
+    tau2 = 0.0594167 - 0.0308333
+    w = (2 * tau2 + 1e-6) / (2 * tau2 + 0.5 + 1e-6)
+    assert bl["adaptive"].noise["A"] == pytest.approx(0.0308333, abs=1e-6) and w == pytest.approx(0.1026, abs=1e-4)
+    assert torch.allclose(third, torch.tensor([1, 1, 0, 0, w * 0.5 + (1 - w) * 0.905, w * 0.5 + (1 - w) * 0.905]))
+
+@pytest.mark.parametrize("means, lo, hi", [([0.5] * 4, 0.0, 0.15),  # groups share one mean: lean on the EMA
+                                           ([0.1, 0.4, 0.6, 0.9], 0.65, 0.9)])  # K tau^2 / (K tau^2 + s^2) = 0.77
+def test_adaptive_baseline_weighs_the_group_mean_by_how_much_groups_differ(means, lo, hi):
+    """Inverse-variance weighting: with every group's true mean the same the EMA is the better estimate
+    (w near 0, where a v_tau holding the group means' own noise kept w near 0.5); with true means that
+    differ by tau^2 = 0.085 and s^2 about 0.2 at K = 8, w is about 0.68 / 0.88."""
+    torch.manual_seed(0)
+    baseline, ws = RewardBaseline("adaptive", ema_decay=0.9), []
+    for _ in range(300):
+        rewards = torch.bernoulli(torch.tensor(means).repeat_interleave(8))
+        b, g = baseline(rewards, ["P"] * 32, 8), rewards.view(4, 8)
+        ema = baseline.mean["P"]
+        ws += [((b[8 * i] - ema) / (g[i].mean() - ema)).item() for i in range(4)
+               if abs(g[i].mean() - ema) > 0.05 and g[i].var() > 0]  # w, read back from b = w gm + (1 - w) ema
+    assert lo < sum(ws) / len(ws) < hi
 
 
 @pytest.mark.parametrize("baseline_type", ["group_mean", "ema", "adaptive"])
