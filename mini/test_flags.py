@@ -281,6 +281,17 @@ def test_use_gae_grad_checkpointing_and_shaping(built, shared):
     assert (built.scorer.shaping, shared.scorer.shaping) == ("graduated", "continuous")
 
 
+def test_use_gae_reports_the_advantages_it_uses(built):
+    """With --use_gae the loss gets GAE's per-token advantages; adv_abs_mean is their mean |Â| over the
+    completion tokens, not the discarded group advantages'."""
+    r = built.rollout()
+    built.prepare(r)
+    r.rewards = torch.linspace(0.0, 1.0, len(r.prompts))
+    adv, _, stats = built.advantages(r)
+    m = r.comp_mask.bool()
+    assert adv.dim() == 2 and stats["adv_abs_mean"] == pytest.approx(adv[m].abs().mean().item(), rel=1e-6)
+
+
 def test_bf16_flags_reach_autocast():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert isinstance(autocast(cpu, Config(bf16_cpu=True)), torch.autocast)

@@ -256,6 +256,8 @@ class Trainer(Resumable):
         adv, stats = grpo.group_advantages(rewards, cfg.k_samples, cfg.scale_rewards, baseline)
         if cfg.use_gae:
             adv, returns = grpo.gae(r.rewards.to(self.device), r.old_values, r.comp_mask, cfg.gamma, cfg.gae_lambda)
+            # the advantages the loss gets are GAE's, per token: the group ones above only say which groups are flat
+            stats["adv_abs_mean"] = (adv.abs().sum() / r.comp_mask.sum().clamp(min=1)).item()
             return adv, returns, stats
         return adv[offset:offset + len(r.prompts)].to(self.device), None, stats
 
