@@ -174,7 +174,9 @@ def parse_policy(text):
 
 
 def parse_env(text):
-    """'new_fen+reward+terminated+truncated' -> (new_fen, reward, terminated, truncated)."""
+    """'new_fen+reward+terminated+truncated' -> (new_fen, reward, terminated, truncated). Fields may carry
+    spaces around them and the reward is read as a number (0.001 and 1e-3 are one reward): the arbiter's
+    consumers use the values; the FEN itself is judged as text (reward_scorer.env_components)."""
     parts = [p.strip() for p in text.strip().split("+")]
     if len(parts) != 4:
         raise ValueError(f"expected 4 '+' fields, got {len(parts)}")
