@@ -225,7 +225,7 @@ MUTANTS = [
            '"ds_zero_var_share_drawn": self.zero_var / max(len(self.kept), 1),',
            (f"{FLAGS}::test_dynamic_sampling_flags",)),
     Mutant("gae_stats_of_group_advantages", "with --use_gae, adv_abs_mean describes the group advantages the loss "
-           "never sees", "train.py", 'stats["adv_abs_mean"] = (adv.abs().sum()', 'stats["adv_abs_mean_unused"] = (adv.abs().sum()',
+           "never sees", "train.py", 'stats["adv_abs_mean"] = total / max(tokens, 1.0)', 'stats["gae_abs_mean"] = total / max(tokens, 1.0)',
            (f"{FLAGS}::test_use_gae_reports_the_advantages_it_uses",)),
     Mutant("adaptive_kl_not_in_loss", "the loss never sees the adaptive KL coefficient",
            "train.py", "self.kl_ctl.coef if cfg.adaptive_kl else cfg.kl_coef", "cfg.kl_coef",

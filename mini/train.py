@@ -165,7 +165,7 @@ class Trainer(Resumable):
             r.scores = scoring()
         batch = GlobalBatch.gather(r, sampling, self.rank)  # under torchrun, every rank's rewards
         with timer("update"):
-            adv, returns, adv_stats = self.advantages(r, batch.rewards, batch.tasks, batch.offset)
+            adv, returns, adv_stats = self.advantages(r, batch.rewards, batch.tasks, batch.offset, distributed.all_sum)
             stats = self.update(r, adv, returns)
         if stats is None:
             self.recover("non-finite loss or gradient")
@@ -246,18 +246,21 @@ class Trainer(Resumable):
                  WIDTH_BUCKET if cfg.compile else 1)
         return gold
 
-    def advantages(self, r, rewards=None, tasks=None, offset=0):
+    def advantages(self, r, rewards=None, tasks=None, offset=0, reduce=lambda x: x):
         """The rollout's per-row advantages (n,) from the group statistics of the global batch's `rewards`
         (N,) and `tasks` (this rank's rows from `offset`; default: the rollout's own), or per-token (n, Tc)
-        GAE advantages and returns with --use_gae; and the statistics."""
+        GAE advantages and returns with --use_gae; and the statistics (`reduce`: distributed.all_sum in a step,
+        the identity in autobatch's probe, which makes no collective)."""
         cfg = self.cfg
         rewards, tasks = (r.rewards, r.tasks) if rewards is None else (rewards, tasks)
         baseline = self.baseline(rewards, tasks, cfg.k_samples)
         adv, stats = grpo.group_advantages(rewards, cfg.k_samples, cfg.scale_rewards, baseline)
         if cfg.use_gae:
             adv, returns = grpo.gae(r.rewards.to(self.device), r.old_values, r.comp_mask, cfg.gamma, cfg.gae_lambda)
-            # the advantages the loss gets are GAE's, per token: the group ones above only say which groups are flat
-            stats["adv_abs_mean"] = (adv.abs().sum() / r.comp_mask.sum().clamp(min=1)).item()
+            # the loss gets GAE's per-token advantages: their mean |A| over the completion tokens (every rank's when
+            # `reduce` sums over the ranks), not the group ones above, which only say which groups are flat
+            total, tokens = reduce(torch.stack([adv.abs().sum().double(), r.comp_mask.sum().double()])).tolist()
+            stats["adv_abs_mean"] = total / max(tokens, 1.0)
             return adv, returns, stats
         return adv[offset:offset + len(r.prompts)].to(self.device), None, stats
 
