@@ -224,6 +224,13 @@ MUTANTS = [
            "rollout.py", '"ds_zero_var_share_drawn": self.zero_var / self.drawn,',
            '"ds_zero_var_share_drawn": self.zero_var / max(len(self.kept), 1),',
            (f"{FLAGS}::test_dynamic_sampling_flags",)),
+    Mutant("embeddings_decayed", "--weight_decay pulls the token and position embeddings (and so the output layer) "
+           "towards 0", "model.py", 'decay = lambda n, p: p.dim() == 2 and "wte" not in n and "wpe" not in n',
+           "decay = lambda n, p: p.dim() == 2", (f"{FLAGS}::test_optimizer_flags_reach_adamw",)),
+    Mutant("sampled_token_of_probability_0", "a uniform draw of exactly 0 picks the first token even when top_k gave "
+           "it probability 0 (a -inf log-prob)", "sampler.py", "u[:, None] * cdf[:, -1:], right=True)",
+           "u[:, None] * cdf[:, -1:], right=False)",
+           ("mini/test_sampler.py::test_sample_next_never_draws_a_token_of_probability_0",)),
     Mutant("gae_stats_of_group_advantages", "with --use_gae, adv_abs_mean describes the group advantages the loss "
            "never sees", "train.py", 'stats["adv_abs_mean"] = total / max(tokens, 1.0)', 'stats["gae_abs_mean"] = total / max(tokens, 1.0)',
            (f"{FLAGS}::test_use_gae_reports_the_advantages_it_uses",)),

@@ -177,6 +177,14 @@ def built(files, tmp_path_factory):
 def test_optimizer_flags_reach_adamw(built):
     assert [(g["weight_decay"], g["betas"], g["lr"]) for g in built.optimizer.param_groups] == [
         (0.3, (0.8, 0.9), 2e-4), (0.0, (0.8, 0.9), 2e-4)]
+    # --weight_decay reaches the weight matrices only, never the embeddings (wte is also the output layer), the
+    # biases or the norms; the value head's matrix is one
+    named = [*built.model.named_parameters(), *built.value_head.named_parameters(prefix="value_head")]
+    names = {id(p): n for n, p in named}
+    groups = [{names[id(p)] for p in g["params"]} for g in built.optimizer.param_groups]
+    matrices = [f"transformer.h.{i}.{m}.weight" for i in range(built.model.config.n_layer)
+                for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    assert groups[0] == {*matrices, "value_head.v.weight"} and groups[1] == set(names.values()) - groups[0]
 
 
 def test_grad_clip_reaches_the_clipping(shared, monkeypatch):

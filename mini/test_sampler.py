@@ -194,6 +194,15 @@ def test_sample_next_follows_the_distribution():
     assert torch.equal(sample_next(logits[:3], 0)[0], torch.zeros(3, dtype=torch.long))  # greedy
 
 
+def test_sample_next_never_draws_a_token_of_probability_0():
+    """torch.rand's draws run from exactly 0 to 1 - 2^-24: at either end a token that top_k gave p = 0 (before
+    the first token of positive p, after the last) must not be drawn; the log-prob stays finite."""
+    logits = torch.tensor([[-1.0, -30.0, 3.0, 2.0, -40.0]])
+    for u in (0.0, 1 - 2 ** -24):
+        nxt, logp = sample_next(logits, 1.0, 2, u=torch.tensor([u]))
+        assert nxt.item() in (2, 3) and torch.isfinite(logp).all(), (u, nxt)
+
+
 def test_generate_rejects_too_long_requests():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match="positions"):
