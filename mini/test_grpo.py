@@ -113,6 +113,7 @@ def test_reward_baseline_hand_example_and_state():
     assert bl["adaptive"].noise["A"] == pytest.approx(0.0308333, abs=1e-6) and w == pytest.approx(0.1026, abs=1e-4)
     assert torch.allclose(third, torch.tensor([1, 1, 0, 0, w * 0.5 + (1 - w) * 0.905, w * 0.5 + (1 - w) * 0.905]))
 
+
 @pytest.mark.parametrize("means, lo, hi", [([0.5] * 4, 0.0, 0.15),  # groups share one mean: lean on the EMA
                                            ([0.1, 0.4, 0.6, 0.9], 0.65, 0.9)])  # K tau^2 / (K tau^2 + s^2) = 0.77
 def test_adaptive_baseline_weighs_the_group_mean_by_how_much_groups_differ(means, lo, hi):
