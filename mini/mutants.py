@@ -29,6 +29,10 @@ TWO_RANKS_STEP = "mini/test_distributed.py::test_two_ranks_take_the_step_of_one_
 TWO_RANKS_RESUME = "mini/test_distributed.py::test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run"
 ADVERSARIAL, METRICS, FLAGS = "mini/test_adversarial.py", "mini/test_metrics.py", "mini/test_flags.py"
 GAMES, STATS, CACHES = "mini/test_games.py", "mini/test_stats.py", "mini/test_caches.py"
+COLLECTIVES = ("mini/test_distributed.py::test_the_collectives_of_two_ranks",)
+BF16_SAMPLING = ("mini/test_sampler.py::test_sample_next_of_bf16_logits_computes_in_fp32",)
+ARCHITECTURE = ("mini/test_loader.py::test_an_architecture_the_model_does_not_compute_is_a_load_error",)
+STREAM_A = ("mini/test_dataset.py::test_stream_source_a_prompts_use_every_recent_position_and_the_buffer_half_the_time",)
 
 
 @dataclass
@@ -165,6 +169,19 @@ MUTANTS = [
            "dataset.py", "if self.policy and self.rng.random() >= env_ratio:",
            "if self.policy and self.rng.random() >= 0.8 * env_ratio:",
            ("mini/test_dataset.py::test_pool_source_mix",)),
+    Mutant("nan_gradient_applied", "a step with a finite loss and a non-finite gradient reaches the weights",
+           "train.py", 'if not (math.isfinite(seen["loss"]) and math.isfinite(seen["grad_norm"])):',
+           'if not math.isfinite(seen["loss"]):',
+           (f"{FLAGS}::test_a_finite_loss_with_a_non_finite_gradient_is_not_applied",)),
+    Mutant("recoveries_never_reset", "rollbacks count over the whole run, not in a row: isolated NaN steps stop it",
+           "train.py", 'self.save("recovery.pt")\n            self.recoveries = 0', 'self.save("recovery.pt")',
+           ("mini/test_train.py::test_the_recovery_count_restarts_at_each_checkpoint",)),
+    Mutant("stable_is_last_eval", "stable.pt follows the last evaluation's rise, not the best evaluation",
+           "train.py", 'self.best_eval = max(self.best_eval, m["eval_reward"])', 'self.best_eval = m["eval_reward"]',
+           ("mini/test_train.py::test_stable_checkpoint_is_the_best_evaluation_not_the_last",)),
+    Mutant("value_head_unclipped", "--grad_clip and grad_norm leave out the value head's gradient",
+           "train.py", 'params = [p for g in self.optimizer.param_groups for p in g["params"]]',
+           "params = list(self.model.parameters())", (f"{FLAGS}::test_grad_clip_and_grad_norm_cover_the_value_head",)),
     # torchrun (mini/test_distributed.py: 2 gloo processes against 1)
     Mutant("local_token_count", "under torchrun each rank divides its loss by its own token count, not the global one",
            "train.py", "norm.update(n_seqs=int(n_seqs), n_tokens=max(int(n_tokens), 1))", "pass", (TWO_RANKS_STEP,)),
@@ -173,6 +190,12 @@ MUTANTS = [
     Mutant("rank_state_shared", "on resume or rollback every rank takes rank 0's RNG and sampler state",
            "runs.py", 'self.load_rank_state(s["ranks"][self.rank] if self.world > 1 else s)', "self.load_rank_state(s)",
            (TWO_RANKS_RESUME,)),
+    Mutant("any_rank_is_every_rank", "a stop or the time limit on one rank does not stop the others",
+           "distributed.py", "return all_sum(float(bool(flag))) > 0", "return all_sum(float(bool(flag))) >= world_size()",
+           COLLECTIVES),
+    Mutant("all_max_is_min", "--auto_batch_size under torchrun judges a size by the rank with the least memory used",
+           "distributed.py", "return _reduce(x, dist.ReduceOp.MAX)", "return _reduce(x, dist.ReduceOp.MIN)",
+           COLLECTIVES),
     # rewards (mini/reward_scorer.py)
     Mutant("pool_reorders_chunks", "the scoring pool returns its workers' chunks in reverse order",
            "reward_scorer.py", "return [f.result() for f in futures]", "return [f.result() for f in futures[::-1]]",
@@ -186,6 +209,13 @@ MUTANTS = [
            ("mini/test_reward_scorer.py",)),
     Mutant("candidates_over_5", "the candidates component divides by 5, not by the number of labelled moves",
            "reward_scorer.py", "/ max(len(true_evals), 1)", "/ 5", ("mini/test_reward_scorer.py",)),
+    Mutant("win_prob_unclipped_below", "evals below -10 pawns are not clipped: a lost position's moves lose more",
+           "reward_scorer.py", "max(-CP_CAP, min(CP_CAP, cp))", "min(CP_CAP, cp)",
+           ("mini/test_engine_reward.py::test_win_prob_by_hand",)),
+    Mutant("winprob_loss_negative", "a move the engine finds better than the labelled best has a negative loss",
+           "reward_scorer.py", '"winprob_loss": max(0.0, win_prob(best_cp) - win_prob(move_cp))}',
+           '"winprob_loss": win_prob(best_cp) - win_prob(move_cp)}',
+           ("mini/test_engine_reward.py::test_move_quality_labelled_and_illegal_moves",)),
     # ------------------------------------------------------------------------------------------------------
     # away from the centre (issue 42): parsers, reward components, metrics, flags, games, statistics, caches,
     # the run lock, self-play. Guarded by the tests of mini/test_{adversarial,metrics,flags,games,stats,caches}.py
@@ -472,6 +502,23 @@ MUTANTS = [
            "sampler.py", "top_k=0, eos_id=50256, generator=None,",
            "top_k=0, eos_id=50255, generator=None,",
            ("mini/test_sampler.py::test_generate_stops_at_gpt2s_eos_by_default",)),
+    Mutant("bf16_softmax_sampling", "under bf16 autocast the sampler's probabilities and cdf are bf16: most tokens "
+           "can never be drawn", "sampler.py", "p = torch.softmax(logits, dim=-1, dtype=acc)",
+           "p = torch.softmax(logits, dim=-1)", BF16_SAMPLING),
+    Mutant("bf16_greedy_logprobs", "greedy log-probs of bf16 logits are bf16", "sampler.py",
+           "return nxt, F.log_softmax(logits, dim=-1, dtype=acc)", "return nxt, F.log_softmax(logits, dim=-1)", BF16_SAMPLING),
+    Mutant("unscaled_attention_loads", "a snapshot without attention scaling loads and computes another model",
+           "loader.py", '"scale_attn_weights": (True,)', '"scale_attn_weights": (True, False)', ARCHITECTURE),
+    Mutant("erf_gelu_loads", "a snapshot with exact (erf) GELU loads while the model computes tanh GELU",
+           "loader.py", '("gelu_new", "gelu_pytorch_tanh")', '("gelu_new", "gelu_pytorch_tanh", "gelu")', ARCHITECTURE),
+    Mutant("pickle_runs_code", "a pytorch_model.bin is unpickled with code execution",
+           "loader.py", 'torch.load(f, map_location="cpu", weights_only=True)',
+           'torch.load(f, map_location="cpu", weights_only=False)',
+           ("mini/test_loader.py::test_a_pytorch_bin_that_runs_code_is_refused_unrun",)),
+    Mutant("checkpointing_in_eval_only", "--grad_checkpointing checkpoints in eval mode only: training keeps every "
+           "activation", "model.py", "if self.grad_checkpointing and self.training:",
+           "if self.grad_checkpointing and not self.training:",
+           ("mini/test_model.py::test_grad_checkpointing_keeps_a_fraction_of_the_activations_in_training",)),
     # the data: files, pools and sources, the realistic games, their A: transitions, the labelling (mini/test_{dataset,positions,annotate,games}.py)
     Mutant("bad_lines_limit_off_by_one", "exactly MAX_BAD_LINES malformed lines already stop the load",
            "dataset.py", "if bad > MAX_BAD_LINES:",
@@ -652,6 +699,15 @@ MUTANTS = [
            "selfplay.py", "pad_policy(policy_sample(fen, moves, evals, history=history), self.pads, self.rng)",
            "policy_sample(fen, moves, evals, history=history)",
            ("mini/test_selfplay.py::test_self_play_prompts_take_the_policy_pad",)),
+    Mutant("stream_replay_always", "--data_source generate: once the buffer has a position, every A: prompt is on one",
+           "dataset.py", "self.rng.random() < 0.5:\n                    fen, history = self.buffer.sample(1)[0]\n"
+           "                else:\n                    fen, history = self.rng.choice(self.recent)",
+           "True:\n                    fen, history = self.buffer.sample(1)[0]\n"
+           "                else:\n                    fen, history = self.rng.choice(self.recent)", STREAM_A),
+    Mutant("stream_newest_only", "--data_source generate: every A: prompt is on the newest stream position",
+           "dataset.py", "fen, history = self.rng.choice(self.recent)", "fen, history = self.recent[-1]", STREAM_A),
+    Mutant("stream_window_unbounded", "a resumed stream source's recent window grows without bound",
+           "dataset.py", "maxlen=self.recent.maxlen)", "maxlen=None)", STREAM_A),
     # the objective, the formats, the reward's components and the held-out metrics (mini/test_{grpo,formats,reward_scorer,evaluate}.py)
     Mutant("informative_min_std_inclusive", "a group whose std equals min_std is kept",
            "grpo.py", "(r.std(1) > min_std)",
@@ -740,6 +796,15 @@ MUTANTS = [
            "evaluate.py", 'for s in r["samples"]], r["shaping"], engine)',
            'for s in r["samples"]], "continuous", engine)',
            ("mini/test_evaluate.py::test_compare_scores_with_the_reports_shaping",)),
+    Mutant("adaptive_kl_capped_at_1", "the adaptive KL coefficient cannot rise above 1 (documented: 10)",
+           "grpo.py", "max_coef=10.0", "max_coef=1.0", ("mini/test_grpo.py::test_adaptive_kl_controller",)),
+    Mutant("kl_chunks_kept", "the chunked exact KL and entropy keep every chunk's (M, V) temporaries for backward",
+           "logprobs.py", "return torch.cat([checkpoint(fn, *c, use_reentrant=False) for c in chunks]).view(lead)",
+           "return torch.cat([fn(*c) for c in chunks]).view(lead)",
+           ("mini/test_grpo.py::test_exact_kl_and_entropy_keep_no_vocabulary_wide_temporaries_for_backward",)),
+    Mutant("no_group_kept_crashes", "dynamic sampling that keeps no group returns an empty rollout (the step fails)",
+           "rollout.py", "kept = self.kept[:n] or [(self.last, g) for g in range(n)]", "kept = self.kept[:n]",
+           ("mini/test_metrics.py::test_dynamic_sampling_that_keeps_no_group_trains_the_last_rollout_whole",)),
     # chess evaluation, run directories and resume, the config's checks (mini/test_{chess_eval,runs,config}.py)
     Mutant("chess_blunder_strict", "a loss of exactly BLUNDER_CP is not a blunder",
            "chess_eval.py", 'float(r["loss"] >= BLUNDER_CP)',
@@ -752,7 +817,7 @@ MUTANTS = [
     Mutant("cpl_median_is_mean", "chess_cpl_median reports the mean",
            "chess_eval.py", 'float(statistics.median(vals["chess_cpl"]))',
            'float(statistics.mean(vals["chess_cpl"]))',
-           ("mini/test_chess_eval.py::test_run_suite_reports_the_median_centipawn_loss",)),
+           ("mini/test_chess_eval.py::test_run_suite_reports_the_median_centipawn_loss_and_the_engine",)),
     Mutant("rollback_keeps_dashboard_steps", "after a rollback the dashboard shows the abandoned steps beside the redone",
            "runs.py", "        self.reporter.rewind(self.step)", "        pass",
            ("mini/test_train.py::test_injected_nan_is_rolled_back",)),
@@ -870,7 +935,7 @@ MUTANTS = [
            ("mini/test_reward_scorer.py::test_a_dead_scoring_worker_costs_one_batch_in_process_not_the_run",)),
     Mutant("untied_output_layer_loaded", "a config.json with tie_word_embeddings false loads as a tied model",
            "loader.py", 'FIXED_ARCHITECTURE = {"tie_word_embeddings": (True,),', 'FIXED_ARCHITECTURE = {"tie_word_embeddings": (True, False),',
-           ("mini/test_loader.py::test_an_architecture_the_model_does_not_compute_is_a_load_error",)),
+           ARCHITECTURE),
     Mutant("stored_output_layer_overwrites_embedding", "an lm_head.weight stored after the embedding overwrites it",
            "loader.py", 'if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":',
            'if key.endswith((".attn.bias", ".attn.masked_bias")):',

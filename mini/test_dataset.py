@@ -487,6 +487,35 @@ def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):
     assert {len(s.prompt) for s in drawn} == {3 + 88}
 
 
+KIWIPETE = "r3k2r/p1ppqpb1/bn2pnp1/3PN3/1p2P3/2N2Q1p/PPPBBPPP/R3K2R w KQkq - 0 1"  # not a stream position
+
+
+def test_stream_source_a_prompts_use_every_recent_position_and_the_buffer_half_the_time(monkeypatch):
+    """--data_source generate: an A: prompt is drawn on a uniformly chosen recent stream position or, half the
+    time when there is a replay buffer, on one of the buffer's; a resumed source keeps its window of `capacity`
+    recent positions and draws what the original draws."""
+    monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
+    source = StreamSource(LabelsAhead(), env_ratio=0.0, seed=0, ahead=2)
+    fens = [s.fen for s in source.draw(8)]
+    a_fens = [s.fen for s in source.draw(200, env_ratio=1.0)]
+    assert set(a_fens) == set(fens) and max(map(a_fens.count, fens)) < 50  # each ~25 times, not the newest only
+    buffer = ReplayBuffer(seed=0)
+    buffer.add(KIWIPETE)
+    source = StreamSource(LabelsAhead(), env_ratio=0.0, seed=0, ahead=2, buffer=buffer)
+    source.draw(8)
+    a_fens = [s.fen for s in source.draw(400, env_ratio=1.0)]
+    assert 160 <= a_fens.count(KIWIPETE) <= 240 and set(a_fens) - {KIWIPETE} <= set(fens)
+
+    source = StreamSource(LabelsAhead(), env_ratio=0.5, seed=0, ahead=2, capacity=3)
+    source.draw(2, env_ratio=0.0)
+    resumed = StreamSource(LabelsAhead(), env_ratio=0.5, seed=0, ahead=2, capacity=3)
+    resumed.load_state_dict(source.state_dict())
+    for s in (source, resumed):
+        s.draw(5, env_ratio=0.0)
+    assert len(resumed.recent) == resumed.recent.maxlen == 3
+    assert [x.prompt + x.completion for x in resumed.draw(20)] == [x.prompt + x.completion for x in source.draw(20)]
+
+
 def test_generate_without_stockfish_is_one_sentence():
     with pytest.raises(FileNotFoundError, match="apt-get install stockfish"):
         make_source(Config(data_source="generate", stockfish_path="/nonexistent/stockfish"))

@@ -1,11 +1,12 @@
 """torchrun on CPU (2 gloo processes, tiny model): one step on a fixed global batch equals the step of one
 process on the same batch; a 2-process run killed with SIGKILL and resumed ends where an uninterrupted one
-does (and Trainer.run frees its DDP wrapper before the process group goes); a batch that does not divide
-among the ranks is one sentence.
+does (and Trainer.run frees its DDP wrapper before the process group goes); the collective helpers answer
+by hand on two ranks; a batch that does not divide among the ranks is one sentence.
 
     python mini/test_distributed.py
 """
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import mini.train as train
+from mini import distributed
 from mini.config import POOL_PATH
 from mini.flags import parse_args
 from mini.dataset import PoolSource, load_jsonl
@@ -55,6 +57,8 @@ def worker(mode, argv):
     """A rank's work under torchrun (or the single process's in the test): `step` trains one step on the fixed
     batch and saves the result; `run` is train.main with the scripted reward, with $NAN_ON_RANK_1 a NaN loss
     on rank 1 only at its second loss call, and with $KILL_AFTER_STEP SIGKILL after that step."""
+    if mode == "collectives":
+        return collectives(*argv)
     with pytest.MonkeyPatch.context() as mp:
         if mode == "step":
             install_scripted_reward(mp)
@@ -64,6 +68,19 @@ def worker(mode, argv):
                            kill_after_step=int(os.environ.get("KILL_AFTER_STEP", "0")) or None)
         mp.setattr(train.Trainer, "run", run_then_check_ddp_freed)
         return train.main(argv)
+
+
+def collectives(out_dir):
+    """Each rank's answers from the collective helpers, with rank-dependent inputs, written to out_dir/rank<r>.json."""
+    distributed.setup(torch.device("cpu"))
+    r = distributed.rank()
+    got = [distributed.any_rank(r == 1), distributed.any_rank(False), distributed.all_max([3.0, float("inf")][r]),
+           distributed.all_sum(r + 1.0), distributed.all_sum(torch.tensor([r, 2.0 * r])).tolist(),
+           distributed.gather(r), distributed.from_main(f"rank {r}")]
+    with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
+        json.dump(got, f)
+    distributed.cleanup()
+    return 0
 
 
 def run_then_check_ddp_freed(self, changed=None, run=train.Trainer.run):
@@ -148,6 +165,17 @@ def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_pa
     # each rank kept its own RNGs and draws through the rollback and the resume
     assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])
     assert ranks[0]["sampler"] != ranks[1]["sampler"]
+
+
+def test_the_collectives_of_two_ranks(tmp_path):
+    """any_rank is True on every rank when one rank says so (a stop signal, the time limit), all_max the larger
+    (a rank out of memory reports inf to --auto_batch_size), all_sum the sum, gather every rank's in rank order,
+    from_main rank 0's; without torchrun each returns its own input."""
+    assert finish(torchrun("collectives", [str(tmp_path)])) == 0
+    want = [True, False, float("inf"), 3.0, [1.0, 2.0], [0, 1], "rank 0"]
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [want, want]
+    assert (distributed.any_rank(True), distributed.any_rank(0), distributed.all_max(2.5), distributed.all_sum(4.0),
+            distributed.gather("x"), distributed.from_main(7)) == (True, False, 2.5, 4.0, ["x"], 7)
 
 
 def test_torchrun_with_one_process_is_the_plain_run(tiny, tmp_path):

@@ -60,6 +60,7 @@ def test_win_prob_by_hand():
     for cp in (-700, -50, 0, 120, 999):  # Lichess's win% = 50 + 50 * (2 / (1 + exp(-k cp)) - 1)
         assert 100 * win_prob(cp) == pytest.approx(50 + 50 * (2 / (1 + math.exp(-0.00368208 * cp)) - 1))
     assert win_prob(5000) == win_prob(1000) == pytest.approx(0.975447, abs=1e-6)  # clipped at 10 pawns
+    assert win_prob(-5000) == win_prob(-1000) == pytest.approx(0.024553, abs=1e-6)  # on both sides
     assert (win_prob(99999), win_prob(99001), win_prob(-99997)) == (1.0, 1.0, 0.0)  # mates, labels' 999.97 too
 
 
@@ -70,6 +71,7 @@ def test_move_score_by_hand():
     assert move_score(300, 0) == pytest.approx(0.5 / 0.751126, abs=1e-6)
     assert move_score(99999, 500) == pytest.approx(0.863072, abs=1e-6)  # a mate missed, still winning
     assert move_score(0, -99999) == 0.0 and move_score(-99999, -99999) == 1.0  # mated whatever: nothing lost
+    assert move_score(-1200, -3000) == 1.0  # both beyond the clip: the same W, nothing more to lose
 
 
 def test_move_quality_labelled_and_illegal_moves():
@@ -81,6 +83,8 @@ def test_move_quality_labelled_and_illegal_moves():
     assert move_quality(QUEEN, "d6d1") == {"score": 0.0, "cpl": 1000, "winprob_loss": win_prob(80)}
     assert move_quality(QUEEN, None)["score"] == 0.0
     assert move_quality(QUEEN, "d6e5") is None  # legal, unlabelled, no engine eval: the caller falls back
+    # the engine finds an unlabelled move better than the labelled best (0.0): nothing lost, never less than 0
+    assert move_quality(SCANDI, "e4d5", cp_after=60) == {"score": 1.0, "cpl": 0, "winprob_loss": 0.0}
 
 
 def test_labels_mode_is_todays_reward():

@@ -197,6 +197,47 @@ def test_grad_clip_reaches_the_clipping(shared, monkeypatch):
     assert steps[0][1] == pytest.approx(stats["grad_norm"], rel=1e-4)
 
 
+def test_grad_clip_and_grad_norm_cover_the_value_head(built, monkeypatch):
+    """--use_gae: the critic's gradient is clipped with the policy's, one global norm over everything the
+    optimizer steps (--grad_clip 1e-3), and is part of the logged grad_norm (--grad_clip 0)."""
+    step, head_norms = built.optimizer.step, []
+
+    def step_seeing_the_head(*a, **kw):
+        head_norms.append(built.value_head.v.weight.grad.norm().item())
+        return step(*a, **kw)
+    monkeypatch.setattr(built.optimizer, "step", step_seeing_the_head)
+    monkeypatch.setattr(built.cfg, "grad_clip", 1e-3)
+    _, stats, _, steps = one_update(built, monkeypatch)
+    assert head_norms[-1] > 0 and stats["grad_norm"] > 1e-2 and steps[0][1] == pytest.approx(1e-3, rel=1e-4)
+    monkeypatch.setattr(built.cfg, "grad_clip", 0.0)
+    _, stats, _, steps = one_update(built, monkeypatch)
+    assert head_norms[-1] > 0 and steps[0][1] == pytest.approx(stats["grad_norm"], rel=1e-4)
+
+
+class NanGradient(torch.autograd.Function):
+    """The identity whose backward is NaN: a finite loss with a non-finite gradient (an overflow in backward)."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_is_not_applied(shared, monkeypatch):
+    """update() returns None (the caller rolls back) and the weights stay as they were."""
+    before = [p.detach().clone() for p in shared.model.parameters()]
+    loss = lambda *a, **kw: (lambda value, metrics: (NanGradient.apply(value), metrics))(*train.grpo.grpo_loss(*a, **kw))
+    r = shared.rollout()
+    shared.prepare(r)
+    r.rewards = torch.tensor([0.0, 1.0, 0.25, 0.5])
+    adv, returns, _ = shared.advantages(r)
+    monkeypatch.setattr(train, "grpo_loss", loss)
+    assert shared.update(r, adv, returns) is None
+    assert all(torch.equal(a, b) for a, b in zip(shared.model.parameters(), before))
+
+
 def test_epochs_and_micro_batches(shared, monkeypatch):
     """--num_iterations 3, --micro_batch_size 3 over 4 rows: 3 optimizer steps, 2 loss calls each (rows 0-2,
     3), the first epoch on-policy (no old log-probs), the later ones against the behaviour policy."""

@@ -14,6 +14,7 @@ from mini.grpo import (AdaptiveKLController, LossSettings, RewardBaseline, Value
                        group_rows, grpo_loss, informative_groups, k3_kl, kl_coef_at, normalisers, policy_loss, read_metrics,
                        value_loss)
 from mini.logprobs import Head, entropy, exact_kl, head_logprobs, token_logprobs
+from mini.test_model import saved_bytes
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo"]
 LENS = [6, 3, 2, 1, 6, 2, 4, 5]  # uneven completion lengths, N = 8 = 2 groups of K = 4
@@ -336,6 +337,17 @@ def test_exact_kl_chunked_equals_unchunked(kl_type):
     assert ref.grad is None  # the reference is frozen
 
 
+def test_exact_kl_and_entropy_keep_no_vocabulary_wide_temporaries_for_backward():
+    """Each chunk is recomputed in the backward pass: autograd keeps the inputs (x, and the reference for the
+    KL), not the chunks' (M, V) log-softmaxes and their exponentials for the whole batch."""
+    x = torch.randn(4, 40, 500, requires_grad=True)
+    ref = torch.randn(4, 40, 500)
+    inputs = x.numel() * x.element_size()
+    for kl_type in ("forward", "reverse", "symmetric"):
+        assert saved_bytes(lambda: exact_kl(x, ref, kl_type, chunk_size=16).sum()) <= 2 * inputs
+    assert saved_bytes(lambda: entropy(x, chunk_size=16).sum()) <= inputs
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.floats(-30, 30), st.one_of(st.floats(-30, 30), st.floats(-1e-6, 1e-6)))
 @example(0.0, 4e-8)  # fp32 exp(d) - d - 1 = -6e-8 here
@@ -470,7 +482,8 @@ def test_adaptive_kl_controller():
     for _ in range(5000):
         up.update(1.0, n_steps=10)
         down.update(0.0, n_steps=10)
-    assert up.coef == up.max_coef and down.coef == down.min_coef
+    assert (up.coef, down.coef) == (10.0, 1e-4)  # the documented bounds, as literals
+    assert AdaptiveKLController(9.99, target=0.02, horizon=100).update(1.0, n_steps=10) == 10.0  # 10.19 clamped
     restored = AdaptiveKLController(0.5, target=0.02, horizon=100)
     restored.load_state_dict(up.state_dict())
     assert restored.coef == up.coef

@@ -61,6 +61,27 @@ def test_pytorch_bin_fallback(snapshot, tmp_path):
         assert torch.equal(loaded(IDS), model(IDS))
 
 
+class RunsCodeWhenUnpickled:
+    """A pickled object whose loading opens (creates) a file: what a hostile pytorch_model.bin could do."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_pytorch_bin_that_runs_code_is_refused_unrun(snapshot, tmp_path):
+    """torch.load(weights_only=True): a pickle holding anything but tensors is a LoadError, its code never run."""
+    _, path = snapshot
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        os.link(os.path.join(path, f), tmp_path / f)
+    marker = tmp_path / "ran"
+    torch.save({"transformer.wte.weight": RunsCodeWhenUnpickled(str(marker))}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(LoadError, match="pytorch_model.bin cannot be read .*damaged"):
+        load_model(str(tmp_path))
+    assert not marker.exists()
+
+
 def test_clear_errors(snapshot, tmp_path):
     _, path = snapshot
     with pytest.raises(LoadError, match="does not exist"):
@@ -137,7 +158,8 @@ def test_an_old_checkpoint_without_prefixes_and_with_attention_buffers_loads(sna
 
 
 @pytest.mark.parametrize("name,value", [("tie_word_embeddings", False), ("layer_norm_epsilon", 1e-6),
-                                        ("activation_function", "relu"), ("scale_attn_by_inverse_layer_idx", True)])
+                                        ("activation_function", "relu"), ("activation_function", "gelu"),
+                                        ("scale_attn_weights", False), ("scale_attn_by_inverse_layer_idx", True)])
 def test_an_architecture_the_model_does_not_compute_is_a_load_error(snapshot, tmp_path, name, value):
     """A config.json with an untied output layer (or another epsilon, activation, attention scale) would load
     every weight and compute another model: refused, naming the field."""

@@ -25,7 +25,7 @@ from mini.flags import parse_args
 from mini.grpo import LossSettings, grpo_loss, policy_loss
 from mini.loader import save_model
 from mini.reward_scorer import score_batch
-from mini.rollout import Rollout, merge_sampling, reward_metrics
+from mini.rollout import InformativeGroups, Rollout, merge_sampling, reward_metrics
 from mini.test_adversarial import A, A_CASES, P, P_CASES, REF_A, REF_P
 from mini.test_train import tiny_gpt
 from mini.tokenizer import Tokenizer
@@ -141,6 +141,24 @@ def test_merged_sampling_metrics_weigh_ranks_by_groups_drawn():
         "ds_rounds": 3, "ds_groups_drawn": 8, "ds_groups_kept": 3, "ds_zero_var_share_drawn": 3 / 8,
         "ds_reward_mean_drawn": 4 / 8})
     assert merge_sampling([{}]) == {} and merge_sampling([parts[1]]) == parts[1]
+
+
+def test_dynamic_sampling_that_keeps_no_group_trains_the_last_rollout_whole():
+    """Every round's groups of equal rewards (all wrong early in a run, or --dynamic_sampling_max_rounds 1): the
+    step trains on the last round's rollout whole, its groups in order, so the KL term still acts."""
+    def scored(first, reward):  # 2 groups of K = 2, every reward the same
+        ids = [[first + i] for i in range(4)]
+        return Rollout(list("abcd"), ids, [[9]] * 4, list("wxyz"), scores=[(reward, {})] * 4)
+
+    groups = InformativeGroups(K=2, min_std=0.0)
+    for r in (scored(1, 0.0), scored(5, 0.5)):
+        groups.add(r)
+    out = groups.rollout(2)
+    assert out.prompts == [[5], [6], [7], [8]] and out.scores == [(0.5, {})] * 4
+    out.pad(eos=0, max_new_tokens=4, device="cpu")
+    assert out.ids.shape == (4, 3)  # prompt, completion, EOS
+    assert groups.metrics(2) == {"ds_rounds": 2, "ds_groups_drawn": 4, "ds_groups_kept": 0,
+                                 "ds_zero_var_share_drawn": 1.0, "ds_reward_mean_drawn": 0.25}
 
 
 if __name__ == "__main__":

@@ -87,6 +87,34 @@ def test_completion_hidden_equals_hidden_with_shared_prefixes(checkpointing):
     assert torch.equal(m.completion_hidden(ids, mask, 0), m.hidden(ids, mask))  # no prefix: the plain forward
 
 
+def saved_bytes(loss_of):
+    """Bytes of the tensors autograd keeps for the backward pass while loss_of() runs (what --grad_checkpointing
+    and the chunked KL save: equal values and gradients, but not equal memory)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_of()
+    return total
+
+
+def test_grad_checkpointing_keeps_a_fraction_of_the_activations_in_training():
+    """--grad_checkpointing recomputes each block in the backward pass when training: autograd keeps the blocks'
+    inputs only (a thirteenth here, 4 layers), for the plain forward and the shared-prefix one; never in eval."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, n_positions=64, vocab_size=100)).train()
+    ids, mask = torch.randint(0, 100, (6, 30)), torch.ones(6, 30, dtype=torch.bool)
+    forwards = (lambda: m.hidden(ids, mask).sum(), lambda: m.completion_hidden(ids, mask, 10).sum())
+    full = [saved_bytes(f) for f in forwards]
+    m.grad_checkpointing = True
+    assert all(saved_bytes(f) < kept / 4 for f, kept in zip(forwards, full))
+    with torch.no_grad():
+        assert saved_bytes(forwards[0]) == 0 and saved_bytes(lambda: m.eval().hidden(ids, mask).sum()) == 0
+
+
 def test_a_sequence_past_the_last_position_is_one_sentence():
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=50))
     fits, mask = torch.zeros(2, 10, dtype=torch.long), torch.ones(2, 10)

@@ -144,6 +144,19 @@ def test_sample_next_gives_the_tokens_of_the_fp32_copy_sampler():
         assert torch.allclose(lp, logp.gather(1, want[:, None])[:, 0], atol=1e-12, rtol=0)
 
 
+def test_sample_next_of_bf16_logits_computes_in_fp32():
+    """Under bf16 autocast the logits come in bf16: the softmax, its running sum and the log-probs must be fp32
+    (a bf16 cdf over 50,257 tokens has long runs of equal values, and only their last token can be drawn), so
+    the tokens and log-probs are those of the logits copied to fp32, sampled and greedy."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(256, 50257, generator=g).bfloat16()
+    u = torch.rand(256, generator=g)
+    for temperature, top_k in ((1.0, 0), (1.0, 15), (0, 0)):
+        nxt, lp = sample_next(logits, temperature, top_k, u=u)
+        want, want_lp = sample_next(logits.float(), temperature, top_k, u=u)
+        assert lp.dtype == torch.float32 and torch.equal(nxt, want) and torch.equal(lp, want_lp), (temperature, top_k)
+
+
 @torch.no_grad()
 def test_greedy_generate_equals_transformers():
     hf, ours = hf_and_ours(n_layer=4, n_head=4, n_embd=128, n_positions=256, std=0.3)  # large std: varied tokens

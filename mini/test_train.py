@@ -418,6 +418,29 @@ def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
+def test_the_recovery_count_restarts_at_each_checkpoint(tiny, tmp_path, monkeypatch):
+    """MAX_RECOVERIES counts rollbacks in a row: four isolated NaN steps (3, 5, 7, 9; one loss call a step
+    attempt), each after a fresh recovery.pt (--save_every 2), are four first recoveries, and the run ends."""
+    monkeypatch.setattr(train, "grpo_loss", nan_loss_on({3, 6, 9, 12}))
+    assert train.main(args(tiny, tmp_path, "r", 10)) == 0
+    log = (tmp_path / "r" / "train.log").read_text()
+    assert [line.split("rolled back to ")[1][:6] for line in log.splitlines() if "rolled back" in line] == \
+        ["step 2", "step 4", "step 6", "step 8"]
+    assert log.count("(recovery 1/3)") == 4
+    assert [m["step"] for m in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == list(range(1, 11))
+
+
+def test_stable_checkpoint_is_the_best_evaluation_not_the_last(tiny, tmp_path, monkeypatch):
+    """--eval_every 1 with held-out rewards 0.6, 0.4, 0.5: stable.pt stays the step-1 model (0.6), whose reward
+    every checkpoint carries as best_eval."""
+    rewards = iter([0.6, 0.4, 0.5])
+    monkeypatch.setattr(train, "evaluate", lambda *a, **kw: ({"eval_reward": next(rewards)}, None))
+    assert train.main(args(tiny, tmp_path, "e", 3, "--eval_every", "1", "--save_every", "3")) == 0
+    checkpoints = tmp_path / "e" / "checkpoints"
+    stable, last = (load_checkpoint(str(checkpoints / name)) for name in ("stable.pt", "step_000003.pt"))
+    assert (stable["step"], stable["best_eval"], last["best_eval"]) == (1, 0.6, 0.6)
+
+
 def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
     """The rewards differ from row to row, so scores returned out of order would change the logs."""
     assert train.main(args(tiny, tmp_path, "inline", 2, "--loss_type", "dapo")) == 0
