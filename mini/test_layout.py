@@ -65,15 +65,22 @@ def test_the_library_imports_no_tool(name):
 
 
 def test_every_mutant_still_applies():
-    """mutants.py's old texts each occur exactly once in their files: a change that moves one makes it stale,
-    and a stale mutant tests nothing (python mini/mutants.py NAME then runs it)."""
+    """mutants.py's old texts each occur exactly once in their files, and the tests named to catch each exist: a
+    change that moves one or renames a test makes it stale, and a stale mutant tests nothing (python
+    mini/mutants.py NAME then runs it)."""
     from mini.mutants import MUTANTS
-    stale = []
+    stale, unknown_tests = [], []
     for m in MUTANTS:
         with open(os.path.join(HERE, m.file), encoding="utf-8") as f:
             if f.read().count(m.old) != 1:
                 stale.append(m.name)
+        for test in m.tests:
+            path, _, function = test.partition("::")
+            source = os.path.join(HERE, "..", path)
+            if not os.path.exists(source) or (function and f"def {function.split('[')[0]}(" not in open(source, encoding="utf-8").read()):
+                unknown_tests.append(f"{m.name}: {test}")
     assert not stale, f"stale mutants (their old text is gone or not unique): {stale}"
+    assert not unknown_tests, f"mutants naming tests that do not exist: {unknown_tests}"
 
 
 if __name__ == "__main__":
