@@ -195,6 +195,10 @@ def pad_left(seqs, pad_id, device):
     return place_rows(seqs, [T - len(s) for s in seqs], T, pad_id, device)
 
 
+class PromptTooLong(ValueError):
+    """A prompt plus max_new_tokens past the model's positions: the caller's settings, told in one sentence."""
+
+
 def sample_next(logits, temperature=1.0, top_k=0, generator=None, u=None):
     """One token per row from softmax(logits / temperature), restricted to the top_k most likely
     tokens when top_k > 0, and to any tied with the k-th, as transformers' TopKLogitsWarper does (bf16
@@ -330,8 +334,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     G = max(prompt_of.count(u) for u in range(U))  # the largest group
     longest = max(len(p) for p in unique) + max_new_tokens
     if longest > model.config.n_positions:
-        raise ValueError(f"a prompt plus max_new_tokens needs {longest} positions but the model has "
-                         f"{model.config.n_positions}; shorten the prompt or lower max_new_tokens")
+        raise PromptTooLong(f"a prompt plus max_new_tokens needs {longest} positions but the model has "
+                            f"{model.config.n_positions}; shorten the prompt or lower max_new_tokens")
     scale = 1.0 / temperature if temperature > 0 else 1.0
     temperature = 1.0 if temperature > 0 else 0.0  # greedy, or sampling from logits that come divided already
 

@@ -441,6 +441,13 @@ def test_stable_checkpoint_is_the_best_evaluation_not_the_last(tiny, tmp_path, m
     assert (stable["step"], stable["best_eval"], last["best_eval"]) == (1, 0.6, 0.6)
 
 
+def test_a_completion_budget_past_the_models_positions_is_one_sentence(tiny, tmp_path, capsys):
+    assert train.main(args(tiny, tmp_path, "long", 1, "--max_new_tokens", "100000")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: a prompt plus max_new_tokens needs ") and "lower max_new_tokens" in err[-1]
+    assert "Traceback" not in "\n".join(err)
+
+
 def test_scoring_in_worker_processes_changes_nothing(tiny, tmp_path):
     """The rewards differ from row to row, so scores returned out of order would change the logs."""
     assert train.main(args(tiny, tmp_path, "inline", 2, "--loss_type", "dapo")) == 0

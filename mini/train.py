@@ -34,7 +34,7 @@ from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught
                        is_disk_full, resume_config, saved_settings)
 from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device,
                           score_workers, seed_everything)
-from mini.sampler import WIDTH_BUCKET, generate
+from mini.sampler import WIDTH_BUCKET, PromptTooLong, generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
 
@@ -463,7 +463,7 @@ def main(argv=None):
         if saved is not None:
             cfg, changed = resume_config(cfg, given_flags(argv), saved, source)
         Trainer(cfg).run(changed)
-    except (LoadError, RunError, EngineFailure) as e:
+    except (LoadError, RunError, EngineFailure, PromptTooLong) as e:  # PromptTooLong: --max_new_tokens too large
         say(f"error: {e}")
         return 1
     except StopRun as e:
