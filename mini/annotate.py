@@ -312,6 +312,11 @@ def main(argv=None):
                   if getattr(a, k) != p.get_default(k)]
     if games_only and not a.games:
         p.error(f"{', '.join(games_only)} draw from played games: give --games N too, or leave them out")
+    writes_held_out = not a.mates and (a.eval_games > 0 if a.games else a.eval > 0)
+    if a.pool_path and not a.eval_path and writes_held_out:  # a pool sent elsewhere: its held-out set would not be
+        p.error(f"--pool_path alone would write the held-out set over the shipped "
+                f"{os.path.relpath(REAL_EVAL_PATH if a.games else EVAL_PATH)}; give --eval_path PATH too, or "
+                f"{'--eval_games 0' if a.games else '--eval 0'} for a training pool only")
     try:  # before any game is played or position screened, so that a missing engine costs nothing
         a.stockfish_path = find_stockfish(a.stockfish_path)
     except FileNotFoundError as e:
@@ -339,7 +344,8 @@ def main(argv=None):
                 "screen": f"depth={a.screen_depth}, |eval| > {a.max_eval} kept with p=0.25",
                 "generator": "mini.positions.iter_positions",
                 "command": "python mini/annotate.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    write_jsonl(a.eval_path, meta, positions[:a.eval], labels)
+    if a.eval:  # --eval 0: a training pool only, the shipped held-out set untouched
+        write_jsonl(a.eval_path, meta, positions[:a.eval], labels)
     write_jsonl(a.pool_path, meta, positions[a.eval:], labels)
     print(f"wrote {a.pool} pool and {a.eval} eval positions ({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 

@@ -708,6 +708,12 @@ MUTANTS = [
            "dataset.py", "fen, history = self.rng.choice(self.recent)", "fen, history = self.recent[-1]", STREAM_A),
     Mutant("stream_window_unbounded", "a resumed stream source's recent window grows without bound",
            "dataset.py", "maxlen=self.recent.maxlen)", "maxlen=None)", STREAM_A),
+    Mutant("pool_path_overwrites_held_out", "annotate.py --pool_path without --eval_path writes its held-out set over "
+           "the shipped one", "annotate.py", "if a.pool_path and not a.eval_path and writes_held_out:",
+           "if False:", ("mini/test_annotate.py::test_a_pool_path_alone_never_overwrites_the_shipped_held_out_set",)),
+    Mutant("eval_0_empties_held_out", "annotate.py --eval 0 writes an empty held-out set over the shipped one",
+           "annotate.py", "    if a.eval:  # --eval 0", "    if True:  # --eval 0",
+           ("mini/test_annotate.py::test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_either_side",)),
     # the objective, the formats, the reward's components and the held-out metrics (mini/test_{grpo,formats,reward_scorer,evaluate}.py)
     Mutant("informative_min_std_inclusive", "a group whose std equals min_std is kept",
            "grpo.py", "(r.std(1) > min_std)",

@@ -11,6 +11,7 @@ import pytest
 
 import mini.annotate as annotate
 from mini.annotate import main
+from mini.config import EVAL_PATH, REAL_EVAL_PATH
 from mini.dataset import held_out_keys, load_jsonl
 from mini.formats import position_key
 from mini.positions import build_mates
@@ -52,6 +53,18 @@ def test_bad_flags_and_a_missing_engine_stop_before_any_work(flags, says, tmp_pa
     err = capsys.readouterr().err
     assert stop.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flags, shipped", [(["--pool", "3"], EVAL_PATH), (["--games", "2"], REAL_EVAL_PATH)],
+                         ids=["generated", "games"])
+def test_a_pool_path_alone_never_overwrites_the_shipped_held_out_set(flags, shipped, tmp_path, capsys):
+    """A pool sent to --pool_path with no --eval_path would have written its held-out set over the shipped one
+    (which decides what every training source leaves out): one sentence, before any work."""
+    with pytest.raises(SystemExit) as stop:
+        main(flags + ["--stockfish_path", "/nonexistent/stockfish", "--cache", "", "--pool_path", str(tmp_path / "p.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and not list(tmp_path.iterdir())
+    assert f"would write the held-out set over the shipped {os.path.relpath(shipped)}; give --eval_path" in err[0]
 
 
 def test_jsonl_cache_ends_a_cut_off_line(tmp_path):
@@ -278,6 +291,10 @@ def test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_eit
     lopsided = [i for i in kept if i % 2]
     assert 0.05 < len(lopsided) / (kept[-1] // 2) < 0.45  # about a quarter of those met (7 of 52 here)
     assert {i % 4 for i in lopsided} == {1, 3}  # either side's
+
+    shipped = os.stat(EVAL_PATH).st_mtime_ns  # --eval 0 with --pool_path: the pool only
+    main(["--pool", "5", "--eval", "0", "--workers", "1", "--cache", "", "--pool_path", str(tmp_path / "only.jsonl")])
+    assert len((tmp_path / "only.jsonl").read_text().splitlines()) == 1 + 5 and os.stat(EVAL_PATH).st_mtime_ns == shipped
 
 
 @needs_stockfish
