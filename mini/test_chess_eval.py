@@ -130,6 +130,10 @@ def test_perfect_arbiter_agrees_everywhere():
     assert v["chess_arbiter_reward"] == [0.0, 0.0] and v["chess_arbiter_all"] == [0.0, 0.0]
     assert v["chess_arbiter_next_fen"] == [1.0, 1.0] and v["chess_arbiter_truncated"] == [1.0, 1.0]
     assert ce.arbiter_values(transitions[:1], ["nonsense"])["chess_arbiter_truncated"] == [0.0]
+    # the truncated flag wrong only: "all" needs the fourth field too
+    flag_wrong = [c[:-1] + ("0" if c.endswith("1") else "1") for c in perfect_arbiter([ce.env_prompt(*transitions[0])])]
+    v = ce.arbiter_values(transitions[:1], flag_wrong)
+    assert v["chess_arbiter_truncated"] == [0.0] and v["chess_arbiter_next_fen"] == [1.0] and v["chess_arbiter_all"] == [0.0]
 
 
 @needs_stockfish

@@ -40,6 +40,7 @@ BAD = [
     (["--device", "cuda"], "sees no CUDA device; use --device cpu"),
     (["--device", "gpu"], "--device 'gpu' must be auto, cpu, cuda or cuda:N"),
     (["--data_file", "x.txt"], "--data_file is read only with --data_source file (not pool)"),
+    (["--data_source", "selfplay", "--data_file", "x.txt"], "--data_file is read only with --data_source file (not selfplay)"),
     (["--data_source", "file"], "--data_source file needs --data_file PATH"),
     (["--auto_resume"], "--auto_resume needs --run_name"),
     (["--auto_resume", "--overwrite", "--run_name", "r"], "--auto_resume and --overwrite say different things"),
@@ -94,6 +95,7 @@ def test_the_same_checks_serve_every_script(capsys):
     assert "--sft_data_file feeds the supervised terms" in one_line_exit(capsys, train.main, ["--sft_data_file", "x"])
     assert "--sft_data_file nowhere.jsonl: no such file" in one_line_exit(
         capsys, train.main, ["--sft_data_file", "nowhere.jsonl", "--env_sft_coef", "1"])
+    assert parse_args(["--sft_data_file", POOL_PATH, "--policy_sft_coef", "1"]).sft_data_file == POOL_PATH  # either term
     trained = ["step", "--model_path", "mini/data/rookworld-10m", "--prompts", "1", "--k", "2", "--new_tokens", "2",
                "--steps", "1", "--no_transformers", "--no_trl"]  # its rows stop at EOS: only at real lengths
     assert "--model_path goes with --real_lengths" in one_line_exit(capsys, bench.main, trained)
@@ -208,11 +210,11 @@ EDGES = [
     ("train", "--clip_eps_low", ["0", "1"], ["-0.01", "1.01"]),
     ("train", "--clip_eps_high", ["0", "5"], ["-0.01"]),
     ("train", "--ema_decay", ["0", "1"], ["-0.01", "1.01"]),
-    ("train", "--gamma", ["0", "1"], ["1.01"]),
+    ("train", "--gamma", ["0", "1"], ["-0.01", "1.01"]),
     ("train", "--gae_lambda", ["0", "1"], ["-0.01", "1.01"]),
-    ("train", "--min_lr_ratio", ["0", "1"], ["1.01"]),
+    ("train", "--min_lr_ratio", ["0", "1"], ["-0.01", "1.01"]),
     ("train", "--adam_beta1", ["0", "0.9999"], ["1", "-0.1"]),
-    ("train", "--adam_beta2", ["0", "0.9999"], ["1"]),
+    ("train", "--adam_beta2", ["0", "0.9999"], ["1", "-0.1"]),
     ("train", "--memory_fraction", ["1e-6", "1"], ["0", "1.01"]),
     ("train", "--score_workers", ["-1", "0"], ["-2"]),
     ("train", "--steps", ["0"], ["-1"]),
@@ -224,6 +226,13 @@ EDGES = [
     ("train", "--kl_coef", ["0"], ["-0.01"]),
     ("train", "--dynamic_sampling_min_std", ["0"], ["-0.01"]),
     ("train", "--num_iterations", ["1"], ["0"]),
+    ("train", "--eval_n", ["1"], ["0"]),
+    ("train", "--kl_horizon", ["1"], ["0"]),
+    ("train", "--entropy_every", ["1"], ["0"]),
+    ("train", "--env_sft_batch", ["1"], ["0"]),
+    ("train", "--selfplay_games", ["1"], ["0"]),
+    ("train", "--selfplay_temperature", ["1e-6"], ["0"]),
+    ("train", "--weight_decay", ["0"], ["-0.01"]),
     ("train", "--time_limit_min", ["0"], ["-0.5"]),
     ("sft", "--n_positions", ["160"], ["159"]),
     ("sft", "--n_layer", ["1"], ["0"]),

@@ -318,6 +318,38 @@ def test_compare_gives_paired_deltas_with_intervals(tmp_path):
     assert (b, a, n) == (1000, 0, 6) and lo == hi == d == -1000  # invalid costs the cap, the label's best move 0
 
 
+def test_compare_checks_the_labels_of_both_reports(tmp_path):
+    """A report made on other labels than the set holds now, the AFTER one as well as the BEFORE one, is refused:
+    its answers would be scored against labels they were not made on."""
+    samples = ev.held_out_samples(3)
+    before = write_report(tmp_path / "b.json", samples, ["junk"] * len(samples))
+    after = write_report(tmp_path / "a.json", samples, [s.completion for s in samples])
+    report = json.loads(open(after).read())
+    report["samples"][0]["label"] = report["samples"][0]["label"].replace("B:", "B: a1a1 ")
+    with open(after, "w") as f:
+        json.dump(report, f)
+    with pytest.raises(ValueError, match="no longer holds the prompts and labels"):
+        ev.compare(before, after)
+
+
+def test_the_engine_judge_takes_depth_nodes_and_cache_from_the_flags(tmp_path):
+    cache = str(tmp_path / "c.jsonl")
+    engine, reason = ev.engine_or_reason(argparse.Namespace(stockfish_path="", engine_depth=7, engine_nodes=500,
+                                                            engine_cache=cache))
+    if engine is None:
+        pytest.skip(reason)
+    assert (engine.depth, engine.nodes, engine.cache_path) == (7, 500, cache)
+
+
+def test_report_counts_leave_out_unmeasured_answers(snapshot, tmp_path):
+    """An untrained model's answers are all invalid: PV1 among legal answers is measured on none of them, so its
+    count is 0 and it has no mean, not a count of 2 beside a mean of nothing."""
+    out = tmp_path / "r.json"
+    ev.main(["--model_path", snapshot, "--n", "2", "--max_new_tokens", "8", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["counts"]["eval_P_best_acc_pv1_legal"] == 0 and "eval_P_best_acc_pv1_legal" not in report["metrics"]
+
+
 def write_report(path, samples, completions, data=EVAL_PATH, shaping="continuous", labels=True):
     """An evaluate.py report (the keys compare reads) of completions of the first half P:, second half A: samples."""
     rows = [dict(task=s.task, prompt=s.prompt, completion=c, **({"label": s.completion} if labels else {}))

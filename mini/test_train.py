@@ -416,6 +416,8 @@ def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys
     assert train.main(args(tiny, tmp_path, "bad", 6)) == 1
     assert "after 3 recoveries; stopping" in capsys.readouterr().err
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+    log = (tmp_path / "bad" / "train.log").read_text().splitlines()  # three rollbacks in a row, each halving
+    assert [line.split("lr scale now ")[1].split()[0] for line in log if "lr scale now" in line] == ["0.5", "0.25", "0.125"]
 
 
 def test_the_recovery_count_restarts_at_each_checkpoint(tiny, tmp_path, monkeypatch):
