@@ -1134,6 +1134,13 @@ MUTANTS = [
            'embeddings)", check=at_least(0),', 'embeddings)", check=None,', ("mini/test_config.py::test_every_range_holds_its_edges_and_refuses_one_step_beyond",)),
     Mutant("selfplay_games_0", "--selfplay_games 0 is accepted", "config.py",
            'one batched call per half-move", check=at_least(1))', 'one batched call per half-move", check=at_least(0))', ("mini/test_config.py::test_every_range_holds_its_edges_and_refuses_one_step_beyond",)),
+    Mutant("best_eval_lost_on_resume", "a resumed run forgets its best evaluation: a worse one overwrites stable.pt",
+           "runs.py", 's["step"], s["best_eval"], s["best_reward"]', 's["step"], float("-inf"), s["best_reward"]',
+           ("mini/test_train.py::test_a_resumed_run_keeps_the_best_evaluation_it_had",)),
+    Mutant("bucket_top_never_drawn", "held-out A: histories never reach the longest length of their bucket (2, 5, 10)",
+           "annotate.py", "history = history[len(history) - rng.randint(lo, hi) + 1:]",
+           "history = history[len(history) - rng.randint(lo, hi - 1) + 1:]",
+           ("mini/test_positions.py::test_held_out_transitions_fill_every_history_bucket",)),
     # the supervised trainer, the dashboards and the plots (mini/test_{sft,report,plots}.py)
     Mutant("sft_lr_not_applied", "",
            "sft.py", 'group["lr"] = lr',

@@ -71,6 +71,10 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     records = game_env_records(games, random.Random(0), per_bucket=5)
     assert [history_bucket(len(h)) for _, _, h in records] == [f"{lo}-{hi}" for lo, hi in HISTORY_BUCKETS for _ in range(5)]
     assert all(h[-1] == m for _, m, h in records)  # the move is the history's last entry
+    wide = game_env_records(games, random.Random(0), per_bucket=30)  # lengths drawn over each whole bucket
+    for lo, hi in HISTORY_BUCKETS:
+        lengths = {len(h) for _, _, h in wide if history_bucket(len(h)) == f"{lo}-{hi}"}
+        assert min(lengths) == lo and max(lengths) == hi, (lo, hi, lengths)
     keys = {position_key(f) for f, _, _ in records}
     rest = game_env_records(games, random.Random(1), exclude=keys)
     assert rest and not keys & {position_key(f) for f, _, _ in rest}

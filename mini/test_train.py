@@ -443,6 +443,18 @@ def test_stable_checkpoint_is_the_best_evaluation_not_the_last(tiny, tmp_path, m
     assert (stable["step"], stable["best_eval"], last["best_eval"]) == (1, 0.6, 0.6)
 
 
+def test_a_resumed_run_keeps_the_best_evaluation_it_had(tiny, tmp_path, monkeypatch):
+    """Held-out rewards 0.6, 0.4, then after --auto_resume 0.5: the resumed run compares with the 0.6 of its
+    checkpoint, so stable.pt stays the step-1 model."""
+    rewards = iter([0.6, 0.4, 0.5])
+    monkeypatch.setattr(train, "evaluate", lambda *a, **kw: ({"eval_reward": next(rewards)}, None))
+    flags = ("--eval_every", "1", "--save_every", "1")
+    assert train.main(args(tiny, tmp_path, "e", 2, *flags)) == 0
+    assert train.main(args(tiny, tmp_path, "e", 3, *flags, "--auto_resume")) == 0
+    stable = load_checkpoint(str(tmp_path / "e" / "checkpoints" / "stable.pt"))
+    assert (stable["step"], stable["best_eval"]) == (1, 0.6)
+
+
 def test_a_completion_budget_past_the_models_positions_is_one_sentence(tiny, tmp_path, capsys):
     assert train.main(args(tiny, tmp_path, "long", 1, "--max_new_tokens", "100000")) == 1
     err = capsys.readouterr().err.strip().splitlines()
