@@ -1141,6 +1141,12 @@ MUTANTS = [
            "annotate.py", "history = history[len(history) - rng.randint(lo, hi) + 1:]",
            "history = history[len(history) - rng.randint(lo, hi - 1) + 1:]",
            ("mini/test_positions.py::test_held_out_transitions_fill_every_history_bucket",)),
+    Mutant("probe_keeps_its_baseline", "--auto_batch_size's probe leaves its random rewards in the adaptive baseline",
+           "autobatch.py", "    trainer.baseline.load_state_dict(baseline)\n", "",
+           ("mini/test_train.py::test_the_batch_probe_leaves_the_trainer_as_it_found_it",)),
+    Mutant("probe_advances_the_rngs", "--auto_batch_size's probe leaves the RNGs and the prompt source advanced",
+           "autobatch.py", "    trainer.load_rank_state(saved)\n", "",
+           ("mini/test_train.py::test_the_batch_probe_leaves_the_trainer_as_it_found_it",)),
     # the supervised trainer, the dashboards and the plots (mini/test_{sft,report,plots}.py)
     Mutant("sft_lr_not_applied", "",
            "sft.py", 'group["lr"] = lr',

@@ -11,6 +11,7 @@ mini/test_reference_step.py checks one update against a naive reference.
     python mini/test_train.py
 """
 import concurrent.futures
+import copy
 import functools
 import io
 import json
@@ -29,7 +30,7 @@ import torch
 
 import mini.reward_scorer as reward_scorer
 import mini.train as train
-from mini.autobatch import find_batch_size, optimizer_state_bytes, run_to_the_limit
+from mini.autobatch import find_batch_size, optimizer_state_bytes, probe_peak_memory, run_to_the_limit
 from mini.config import Config
 from mini.flags import parse_args
 from mini.loader import load_model, save_model
@@ -675,6 +676,20 @@ def test_the_batch_probe_counts_the_widest_step_and_the_optimizer_state():
     assert optimizer_state_bytes(optimizer) == 0  # a measured peak holds them already
     r = Rollout([None] * 2, [[1, 2], [3]], [[5], [6, 7, 8]], ["a", "b"])
     assert run_to_the_limit(r, 4, 0).completions == [[5, 0, 0, 0], [6, 7, 8, 0]]
+
+
+def test_the_batch_probe_leaves_the_trainer_as_it_found_it(tiny, tmp_path, monkeypatch):
+    """--auto_batch_size's probe runs a whole step: afterwards the RNGs, the prompt source and the adaptive
+    baseline are those before it, so the run is the one given that batch size directly (CUDA's memory counters
+    faked: the probe's state handling is the same on the CPU)."""
+    for name in ("empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **kw: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **kw: 1000)
+    t = train.Trainer(parse_args(args(tiny, tmp_path, "probe", 1, *FULL_STATE)))
+    state, baseline = copy.deepcopy(t.rank_state()), copy.deepcopy(t.baseline.state_dict())
+    assert probe_peak_memory(t, 2) == 1000 + optimizer_state_bytes(t.optimizer)
+    assert_same_state(t.rank_state(), state, "rank_state")
+    assert_same_state(t.baseline.state_dict(), baseline, "baseline")
 
 
 def test_damaged_checkpoint_is_refused(tmp_path):
