@@ -1147,6 +1147,9 @@ MUTANTS = [
     Mutant("probe_advances_the_rngs", "--auto_batch_size's probe leaves the RNGs and the prompt source advanced",
            "autobatch.py", "    trainer.load_rank_state(saved)\n", "",
            ("mini/test_train.py::test_the_batch_probe_leaves_the_trainer_as_it_found_it",)),
+    Mutant("kept_games_of_another_engine", "games kept by another Stockfish version are read back, not played again",
+           "annotate.py", 'if r.get("engine") == ENGINE_NAMES[path] and len(r["games"]) == n:', 'if len(r["games"]) == n:',
+           ("mini/test_positions.py::test_played_games_are_kept_and_read_back",)),
     # the supervised trainer, the dashboards and the plots (mini/test_{sft,report,plots}.py)
     Mutant("sft_lr_not_applied", "",
            "sft.py", 'group["lr"] = lr',

@@ -123,6 +123,12 @@ def test_played_games_are_kept_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setattr("mini.annotate.play_game", lambda *a: pytest.fail("a kept game was played again"))
     assert play_games("kept", 1, "", 1, str(tmp_path)) == games
     assert (tmp_path / "games-kept-1.jsonl").exists()
+    kept = tmp_path / "games-kept-1.jsonl"  # the same file made by another Stockfish: its games are played again
+    record = json.loads(kept.read_text().splitlines()[-1])
+    kept.write_text(json.dumps({**record, "engine": "Stockfish 0", "games": [[["e2e4"], "*"]]}) + "\n")
+    played = []
+    monkeypatch.setattr("mini.annotate.play_game", lambda *a: played.append(1) or games[0])
+    assert play_games("kept", 1, "", 1, str(tmp_path)) == games and played == [1]
 
 
 def test_policy_prompts_at_both_paddings():
