@@ -69,15 +69,20 @@ def test_every_mutant_still_applies():
     change that moves one or renames a test makes it stale, and a stale mutant tests nothing (python
     mini/mutants.py NAME then runs it)."""
     from mini.mutants import MUTANTS
+    sources = {}  # file under the repository root -> its text ("" when it does not exist), each read once
+
+    def source(path):
+        if path not in sources:
+            full = os.path.join(HERE, "..", path)
+            sources[path] = open(full, encoding="utf-8").read() if os.path.exists(full) else ""
+        return sources[path]
     stale, unknown_tests = [], []
     for m in MUTANTS:
-        with open(os.path.join(HERE, m.file), encoding="utf-8") as f:
-            if f.read().count(m.old) != 1:
-                stale.append(m.name)
+        if source(os.path.join("mini", m.file)).count(m.old) != 1:
+            stale.append(m.name)
         for test in m.tests:
             path, _, function = test.partition("::")
-            source = os.path.join(HERE, "..", path)
-            if not os.path.exists(source) or (function and f"def {function.split('[')[0]}(" not in open(source, encoding="utf-8").read()):
+            if not source(path) or (function and f"def {function.split('[')[0]}(" not in source(path)):
                 unknown_tests.append(f"{m.name}: {test}")
     assert not stale, f"stale mutants (their old text is gone or not unique): {stale}"
     assert not unknown_tests, f"mutants naming tests that do not exist: {unknown_tests}"

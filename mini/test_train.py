@@ -433,27 +433,16 @@ def test_the_recovery_count_restarts_at_each_checkpoint(tiny, tmp_path, monkeypa
     assert [m["step"] for m in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == list(range(1, 11))
 
 
-def test_stable_checkpoint_is_the_best_evaluation_not_the_last(tiny, tmp_path, monkeypatch):
-    """--eval_every 1 with held-out rewards 0.6, 0.4, 0.5: stable.pt stays the step-1 model (0.6), whose reward
-    every checkpoint carries as best_eval."""
+def test_stable_checkpoint_is_the_best_evaluation_also_across_a_resume(tiny, tmp_path, monkeypatch):
+    """--eval_every 1 with held-out rewards 0.6, 0.4, then after --auto_resume 0.5: stable.pt stays the step-1
+    model (0.6), whose reward every checkpoint carries as best_eval and the resumed run compares with."""
     rewards = iter([0.6, 0.4, 0.5])
     monkeypatch.setattr(train, "evaluate", lambda *a, **kw: ({"eval_reward": next(rewards)}, None))
-    assert train.main(args(tiny, tmp_path, "e", 3, "--eval_every", "1", "--save_every", "3")) == 0
-    checkpoints = tmp_path / "e" / "checkpoints"
-    stable, last = (load_checkpoint(str(checkpoints / name)) for name in ("stable.pt", "step_000003.pt"))
-    assert (stable["step"], stable["best_eval"], last["best_eval"]) == (1, 0.6, 0.6)
-
-
-def test_a_resumed_run_keeps_the_best_evaluation_it_had(tiny, tmp_path, monkeypatch):
-    """Held-out rewards 0.6, 0.4, then after --auto_resume 0.5: the resumed run compares with the 0.6 of its
-    checkpoint, so stable.pt stays the step-1 model."""
-    rewards = iter([0.6, 0.4, 0.5])
-    monkeypatch.setattr(train, "evaluate", lambda *a, **kw: ({"eval_reward": next(rewards)}, None))
-    flags = ("--eval_every", "1", "--save_every", "1")
-    assert train.main(args(tiny, tmp_path, "e", 2, *flags)) == 0
-    assert train.main(args(tiny, tmp_path, "e", 3, *flags, "--auto_resume")) == 0
-    stable = load_checkpoint(str(tmp_path / "e" / "checkpoints" / "stable.pt"))
-    assert (stable["step"], stable["best_eval"]) == (1, 0.6)
+    flags, checkpoints = ("--eval_every", "1", "--save_every", "1"), tmp_path / "e" / "checkpoints"
+    for steps, resume in ((2, ()), (3, ("--auto_resume",))):
+        assert train.main(args(tiny, tmp_path, "e", steps, *flags, *resume)) == 0
+        stable, last = (load_checkpoint(str(checkpoints / name)) for name in ("stable.pt", f"step_{steps:06d}.pt"))
+        assert (stable["step"], stable["best_eval"], last["best_eval"]) == (1, 0.6, 0.6), steps
 
 
 def test_a_completion_budget_past_the_models_positions_is_one_sentence(tiny, tmp_path, capsys):
