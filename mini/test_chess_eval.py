@@ -124,6 +124,8 @@ def test_perfect_arbiter_agrees_everywhere():
     vals, transitions = ce.eval_arbiter(perfect_arbiter, games)
     assert len(transitions) == sum(len(g["transitions"]) for g in games) > 10
     assert all(v == [1.0] * len(transitions) for v in vals.values())
+    capped, first = ce.eval_arbiter(perfect_arbiter, games, max_transitions=7)  # --arbiter_max: the first ones
+    assert first == transitions[:7] and all(len(v) == 7 for v in capped.values())
     # a wrong reward only: the reward field and "all" fail, the others agree; garbage fails everything
     wrong = [c.replace("+0.001+", "+0.5+") for c in perfect_arbiter([ce.env_prompt(*t) for t in transitions[:2]])]
     v = ce.arbiter_values(transitions[:2], wrong)

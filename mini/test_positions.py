@@ -79,6 +79,10 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     rest = game_env_records(games, random.Random(1), exclude=keys)
     assert rest and not keys & {position_key(f) for f, _, _ in rest}
     assert min(len(h) for _, _, h in rest) == 1  # the games' own starts
+    after = lambda f, m: position_key(board_after_move(chess.Board(f), chess.Move.from_uci(m)).fen())
+    onto = {after(f, m) for f, m, _ in records if m in legal_ucis(f)}  # where the held-out moves lead
+    led = game_env_records(games, random.Random(1), exclude=onto)
+    assert led and not onto & {after(f, m) for f, m, _ in led if m in legal_ucis(f)}  # no record reaches them
 
 
 def test_a_capped_pool_is_the_first_of_the_full_one_and_cut_rate_shortens_histories(games):
@@ -395,12 +399,17 @@ def test_resignation_after_four_lost_plies_in_about_half_the_games(monkeypatch):
 
 
 def test_agreed_draw_after_draw_plies_level_plies_from_draw_from(monkeypatch):
-    """A level game (|score| <= DRAW_CP) is agreed drawn on its DRAW_PLIES-th level ply counted from ply DRAW_FROM."""
+    """A level game (|score| <= DRAW_CP) is agreed drawn on its DRAW_PLIES-th level ply counted from ply DRAW_FROM;
+    a lost one (a score of -1000 for the side to move) never is."""
     plain_style(monkeypatch)
     monkeypatch.setattr(positions, "DRAW_FROM", 10)
     for seed in range(4):
         moves, end = play_game(steady(0), random.Random(seed))
         assert (end, len(moves)) == ("agreed_draw", 10 + positions.DRAW_PLIES - 1)
+    monkeypatch.setattr(positions, "MAX_PLIES", 10 + positions.DRAW_PLIES + 4)
+    for seed in range(8):  # a lost game is not level, for either side: it is resigned or played on
+        for cp in (-1000, 1000):
+            assert play_game(steady(cp), random.Random(seed))[1] in ("resignation", "max_plies")
 
 
 def test_a_game_stops_at_max_plies(monkeypatch):

@@ -376,7 +376,7 @@ def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tm
     """A run at step 6 with its best evaluation there (stable.pt) and a recovery.pt of step 5 goes back to step 3
     (--resume_from_checkpoint step_000003.pt): both are of the abandoned branch, so a later --auto_resume goes
     on from step 3, not from 6 on top of the new branch's logs. The recovery.pt goes with step 6's checkpoint;
-    the best model is kept, intact, in abandoned/."""
+    the best model is kept, intact, in abandoned/. Going back to the best evaluation's own step keeps it."""
     run = RunDir(str(tmp_path), "c")
     os.makedirs(run.path)
     for step in (3, 6):
@@ -388,6 +388,14 @@ def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tm
     assert (os.path.basename(path), state["step"]) == ("step_000003.pt", 3)
     assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == ["step_000003.pt"]
     assert load_checkpoint(run.checkpoint("abandoned/stable_step_000006.pt"))["step"] == 6
+    # Going back to the step of the best evaluation itself keeps it: stable.pt and recovery.pt of step 3 are
+    # of the branch the run goes on with.
+    run.save("stable.pt", ckpt_state(3))
+    run.save("recovery.pt", ckpt_state(3))
+    run.cut_back(3)
+    assert load_checkpoint(run.checkpoint("stable.pt"))["step"] == 3
+    assert load_checkpoint(run.checkpoint("recovery.pt"))["step"] == 3
+    assert sorted(os.listdir(run.checkpoint("abandoned"))) == ["stable_step_000006.pt", "stable_step_000006.pt.sha256"]
 
 
 def test_is_disk_full_by_hand():

@@ -135,7 +135,7 @@ def test_held_out_positions_never_enter(tmp_path):
 def test_state_dict_resumes_exactly(tmp_path):
     pool_samples = load_jsonl(POOL_PATH)[:50]
     pool = PoolSource(pool_samples, 0.2, seed=1)
-    with source(tmp_path, pool, mix=0.6, plies=3, seed=5) as a:
+    with source(tmp_path, pool, mix=0.6, plies=3, max_plies=4, seed=5) as a:  # games end and new ones start
         a.refresh("random")
         a.draw(10)
         a.refresh("random")  # leaves positions waiting for Stockfish: the state must carry them
@@ -145,7 +145,8 @@ def test_state_dict_resumes_exactly(tmp_path):
         saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
         pool_b = PoolSource(pool_samples, 0.2, seed=99)
         pool_b.rng.setstate(saved["pool_rng"])
-        with source(tmp_path, pool_b, mix=0.6, plies=3, seed=5) as b:
+        assert a.started > 3  # which opening the next game starts from is part of the state
+        with source(tmp_path, pool_b, mix=0.6, plies=3, max_plies=4, seed=5) as b:
             b.load_state_dict(saved["selfplay"])
             for src in (a, b):
                 src.out = [src.draw(12), src.refresh("random"), src.draw(12), src.refresh("random"), src.draw(40)]
