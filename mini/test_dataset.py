@@ -103,15 +103,20 @@ def test_a_rebuilt_pool_never_yields_a_held_out_position(tmp_path, monkeypatch):
     assert make_source(Config()).policy == load_jsonl(POOL_PATH)[:2]
 
 
-def test_policy_sft_on_a_file_without_p_positions_says_so(tmp_path):
-    """--policy_sft_coef draws P: positions: from a file of A: transitions alone it would wait for ever."""
+def test_a_file_without_p_positions_says_what_it_cannot_give(tmp_path):
+    """A file of A: transitions alone cannot give the P: prompts of --mix_env_ratio below 1 (every prompt would be
+    A:, unasked), nor the P: positions --policy_sft_coef draws (it would wait for ever)."""
     path = tmp_path / "transitions.jsonl"
     path.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % chess.STARTING_FEN)
-    assert make_source(Config(data_source="file", data_file=str(path))).env  # without the term: fine
+    arbiter_only = dict(data_source="file", data_file=str(path), mix_env_ratio=1.0)
+    assert make_source(Config(**arbiter_only)).env  # the arbiter alone: fine
+    for ratio in (0.0, 0.2):
+        with pytest.raises(ValueError, match="holds no P: position, so the .* of P: prompts that --mix_env_ratio"):
+            make_source(Config(**arbiter_only | {"mix_env_ratio": ratio}))
     with pytest.raises(ValueError, match="holds no P: position for --policy_sft_coef"):
-        make_source(Config(data_source="file", data_file=str(path), policy_sft_coef=1.0))
+        make_source(Config(**arbiter_only, policy_sft_coef=1.0))
     # with --sft_data_file the term draws from that file's source: an arbiter-only prompt source is fine
-    assert make_source(Config(data_source="file", data_file=str(path), policy_sft_coef=1.0, sft_data_file=POOL_PATH))
+    assert make_source(Config(**arbiter_only, policy_sft_coef=1.0, sft_data_file=POOL_PATH))
 
 
 def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_path):

@@ -12,6 +12,7 @@ micro-batched, must give the same loss and the same gradient for every parameter
 import json
 import math
 
+import chess
 import pytest
 import torch
 
@@ -302,10 +303,6 @@ def test_sampler_logprobs_equal_the_trainers_old_logprobs(snapshot, tmp_path):
         assert tokens == r.completions[i] and torch.allclose(logp, r.old_logp[i, :len(tokens)], atol=1e-5, rtol=0)
 
 
-if __name__ == "__main__":
-    import sys
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
     """--sft_data_file: the supervised rows (A: transitions and P: analyses) come from its three positions, not
@@ -327,3 +324,12 @@ def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
     drawn = [s.prompt for s in t.supervised_rows("A", 6).samples]
     t.load_rank_state({**t.rank_state(), "sft_sampler": state})
     assert [s.prompt for s in t.supervised_rows("A", 6).samples] == drawn
+    # a file of A: transitions alone feeds the A: term, whatever share of P: prompts --mix_env_ratio asks of the pool
+    arbiter = tmp_path / "arbiter.jsonl"
+    arbiter.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % chess.STARTING_FEN)
+    t = make_trainer(snapshot, tmp_path / "a", "--env_sft_coef", "0.5", "--sft_data_file", str(arbiter))
+    assert {s.prompt for s in t.supervised_rows("A", 3).samples} == {f"A: {chess.STARTING_FEN}+e2e4+e2e4+"}
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
