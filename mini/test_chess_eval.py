@@ -336,12 +336,16 @@ def test_compare_counts_a_way_of_ending_one_report_lacks_as_none(tmp_path):
 
 def test_more_stockfish_games_than_starts_is_refused_when_they_would_repeat(capsys):
     """At Skill Level 20 the 18 starts and colours give one game each; a 19th would copy the first, and --compare
-    would count the copy as another pair. Below 20 Stockfish's games are random, so more are allowed."""
+    would count the copy as another pair. Below 20 Stockfish's games are random, so more are allowed. A run
+    with every section off is refused too."""
     model = os.path.join(ROOT, "mini", "data", "rookworld-8m")
     with pytest.raises(SystemExit) as e:
         ce.main(["--model_path", model, "--sf_games", "19"])
     assert e.value.code == 2 and "--sf_games 19 would replay games" in capsys.readouterr().err
     assert ce.parse_args(["--model_path", model, "--sf_games", "19", "--sf_skill", "5"])[1].sf_games == 19
+    with pytest.raises(SystemExit) as e:  # every section off: an empty report would pass for a measurement
+        ce.main(["--model_path", model, "--n_mates", "0", "--n_quality", "0", "--games", "0", "--sf_games", "0"])
+    assert e.value.code == 2 and "all 0: nothing to evaluate" in capsys.readouterr().err
 
 
 def test_compare_leaves_out_what_has_no_values(tmp_path):
@@ -543,6 +547,7 @@ def test_chess_eval_flags_are_checked(capsys, argv, message):
                            "--sf_games", "0", "--arbiter_max", "0", "--sf_nodes", "1", "--workers", "1"])[1]
     assert (edges.sf_skill, edges.max_plies, edges.n_mates) == (0, 1, 0)
     assert ce.parse_args(["--sf_skill", "20"])[1].sf_skill == 20
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
