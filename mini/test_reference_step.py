@@ -303,7 +303,6 @@ def test_sampler_logprobs_equal_the_trainers_old_logprobs(snapshot, tmp_path):
         assert tokens == r.completions[i] and torch.allclose(logp, r.old_logp[i, :len(tokens)], atol=1e-5, rtol=0)
 
 
-
 def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
     """--sft_data_file: the supervised rows (A: transitions and P: analyses) come from its three positions, not
     from the prompt source (the shipped pool of 5,000); the prompts still come from the pool. Its state goes
@@ -329,6 +328,7 @@ def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
     arbiter.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % chess.STARTING_FEN)
     t = make_trainer(snapshot, tmp_path / "a", "--env_sft_coef", "0.5", "--sft_data_file", str(arbiter))
     assert {s.prompt for s in t.supervised_rows("A", 3).samples} == {f"A: {chess.STARTING_FEN}+e2e4+e2e4+"}
+
 
 if __name__ == "__main__":
     import sys
