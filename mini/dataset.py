@@ -354,12 +354,13 @@ def make_source(cfg, buffer=None, rank=0):
     if not samples:
         raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one "
                          "position")
-    if cfg.mix_env_ratio < 1 and not any(s.task == "P" for s in samples):  # else every prompt would be A:, unasked
+    has_policy = any(s.task == "P" for s in samples)
+    if cfg.mix_env_ratio < 1 and not has_policy:  # else every prompt would be A:, unasked
         raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position, so the {1 - cfg.mix_env_ratio:.0%} of "
                          "P: prompts that --mix_env_ratio asks for cannot be drawn: add a file with P: positions, or "
                          "set --mix_env_ratio 1 to train the arbiter alone")
     feeds_policy_sft = cfg.policy_sft_coef > 0 and not cfg.sft_data_file  # else the term draws from that file's source
-    if feeds_policy_sft and not any(s.task == "P" for s in samples):
+    if feeds_policy_sft and not has_policy:
         raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position for --policy_sft_coef to learn from: add "
                          "a file with P: positions, or leave --policy_sft_coef at 0")
     return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
