@@ -104,7 +104,10 @@ def missing_files(values):
         out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
                    "or a hub id like jrahn/RookWorld-LM-124M")
     for flag in ("data_file", "sft_data_file"):
-        missing = [path for path in (v(flag) or "").split(",") if path and not os.path.isfile(path)]
+        names = (v(flag) or "").split(",")
+        if v(flag) and "" in names:  # "a.jsonl," would name the file "" and fail later, unclearly
+            out.append(f"--{flag} {v(flag)!r} has an empty name between its commas; list the files as a.jsonl,b.jsonl")
+        missing = [path for path in names if path and not os.path.isfile(path)]
         if missing:
             out.append(f"--{flag} {', '.join(missing)}: no such file")
     for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):

@@ -27,6 +27,8 @@ BAD = [
     (["--model_path", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),  # before loading
     (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},/none.jsonl"], "--data_file /none.jsonl: no such file"),
+    (["--data_source", "file", "--data_file", f"{POOL_PATH},"], "has an empty name between its commas"),
+    (["--sft_data_file", f",{POOL_PATH}", "--env_sft_coef", "1"], "--sft_data_file ',"),
     (["--k_samples", "1"], "--k_samples 1 must be at least 2"),
     (["--k_samples", "0"], "--k_samples 0 must be at least 2"),
     (["--batch_size", "0"], "--batch_size 0 must be at least 1"),
