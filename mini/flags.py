@@ -33,6 +33,28 @@ def device_problem(name):
     return None
 
 
+def wrong_types(values):
+    """One sentence per value that its Config field cannot hold, or outside its choices: argparse checks
+    these on the command line, nothing on a settings file (a run's config.json, edited by hand or damaged)."""
+    out = []
+    for name, value in values.items():
+        field = FIELDS.get(name)
+        if field is None:
+            continue
+        default, choices = field.default, field.metadata["choices"]
+        if default is None or isinstance(default, bool):  # None: a switch left to the device
+            fits, kind = isinstance(value, bool) or (default is None and value is None), "true or false"
+        elif isinstance(default, float):
+            fits, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            fits, kind = type(value) is type(default), {int: "a whole number", str: "text"}[type(default)]
+        if not fits:
+            out.append(f"--{name} {value!r} must be {kind}")
+        elif choices and value not in choices:
+            out.append(f"--{name} {value!r} must be one of {', '.join(map(str, choices))}")
+    return out
+
+
 def problems(values, checks=None):
     """One sentence per bad value among parsed flags (a dict name -> value), whichever script parsed them:
     each number against its field's check (or `checks`, for flags that are not Config fields), then the

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed
 from mini.config import FIELDS, START_FLAGS, Config
+from mini.flags import problems, wrong_types
 from mini.loader import check_checksum, save_model, write_checksum
 from mini.runtime import rng_state, set_rng_state
 
@@ -214,7 +215,14 @@ def resume_config(cfg, given, saved, source):
     """The config of a resumed run: its saved one (`saved`, a dict from config.json or a checkpoint), with the
     flags given on the command line (`given`, names) applied where they may change (RESUMABLE) and the start
     flags (START_FLAGS) always cfg's. Returns (config, what changed); a given flag that would change the run
-    itself is a RunError listing every such flag, opened by `source`, which says what the flags are held to."""
+    itself is a RunError listing every such flag, opened by `source`, which says what the flags are held to. So
+    is a saved value the config cannot hold or the flags would refuse (a config.json edited by hand)."""
+    if not isinstance(saved, dict):
+        raise RunError(f"{source}, but it holds a {type(saved).__name__}, not the run's settings; restore it, or "
+                       "start afresh with --overwrite")
+    bad = wrong_types({k: v for k, v in saved.items() if k not in START_FLAGS})
+    if bad:
+        raise RunError(f"{source}, but {bad[0]}: correct it there, or start afresh with --overwrite")
     base = Config(**{k: v for k, v in saved.items() if k in FIELDS and k not in START_FLAGS},  # fields added since
                   **{k: getattr(cfg, k) for k in START_FLAGS})                                 # keep their defaults
     changed, refused = {}, []
@@ -229,7 +237,11 @@ def resume_config(cfg, given, saved, source):
     if refused:
         raise RunError(f"{source}, and these flags would change it: {', '.join(refused)}; drop them or give the "
                        "run's values, or start a new run with another --run_name")
-    return dataclasses.replace(base, **{k: new for k, (_, new) in changed.items()}), changed
+    resumed = dataclasses.replace(base, **{k: new for k, (_, new) in changed.items()})
+    bad = problems({k: v for k, v in dataclasses.asdict(resumed).items() if k not in START_FLAGS})  # those: cfg's
+    if bad:
+        raise RunError(f"{source}, but {bad[0]}: correct it there, or start afresh with --overwrite")
+    return resumed, changed
 
 
 def checkpoint_step(path):
