@@ -85,6 +85,10 @@ def read_config(path):
         raise LoadError(f"{cfg_file} is damaged (JSON nested too deeply); download or save the snapshot again") from None
     if not isinstance(hf, dict):
         raise LoadError(f"{cfg_file} holds a JSON {type(hf).__name__}, not an object; it does not describe a GPT-2 model")
+    if "vocab_size" not in hf and os.path.isdir(os.path.join(path, "checkpoints")):  # mini/runs.py's layout
+        final = os.path.join(path, "final")
+        raise LoadError(f"{path} is a training run's directory, not a model; "
+                        + (f"its model is {final}" if os.path.isdir(final) else "it has no final/ model yet"))
     sizes = {"n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"), "n_embd": hf.get("n_embd"),
              "n_positions": hf.get("n_positions", hf.get("n_ctx")), "vocab_size": hf.get("vocab_size")}
     for name, value in sizes.items():

@@ -25,6 +25,7 @@ from mini.test_train import tiny  # noqa: F401  (a fixture)
 BAD = [
     (["--lr", "-1e-5"], "--lr -1e-05 must be above 0"),  # a negative number is a value, not a flag
     (["--model_path", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),  # before loading
+    (["--model_path", POOL_PATH], f"--model_path {POOL_PATH} is a file; a model is a snapshot directory"),  # a .pt
     (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},/none.jsonl"], "--data_file /none.jsonl: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},"], "has an empty name between its commas"),

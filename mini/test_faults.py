@@ -383,6 +383,19 @@ def test_a_snapshot_config_of_wrong_types_or_values(tiny, tmp_path, capsys, chan
     assert not os.path.exists(tmp_path / "r")
 
 
+def test_a_run_directory_given_as_the_model_says_where_the_model_is(tiny, tmp_path):
+    """Pointing evaluate.py or train.py at a run (logs/<run>) is a natural mistake: the answer names the
+    run's final/ snapshot, not a missing 'vocab_size' (a checkpoint file: test_config's BAD)."""
+    run = tmp_path / "runs" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"lr": 1e-4, "k_samples": 8}))
+    with pytest.raises(LoadError, match="r is a training run's directory, not a model; it has no final/ model yet"):
+        load_model(str(run))
+    shutil.copytree(tiny, run / "final")
+    with pytest.raises(LoadError, match=f"r is a training run's directory, not a model; its model is {run}/final"):
+        load_model(str(run))
+
+
 @pytest.mark.parametrize("file, text, message", [
     ("vocab.json", "{", "vocab.json is damaged: not a GPT-2 vocabulary"),
     ("vocab.json", '["a", "b"]', "vocab.json is damaged: not a GPT-2 vocabulary"),
