@@ -368,7 +368,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     for t in range(max_new_tokens):
         nxt = torch.where(finished, eos_id, nxt)  # (n,)
         tokens[alive, t] = nxt
-        logprobs[alive, t] = logp.masked_fill(finished, 0.0).float()
+        logprobs[alive, t] = logp.float()  # a finished row's are cut off below, with its tokens after EOS
         finished |= nxt == eos_id
         if t == max_new_tokens - 1:
             break
