@@ -5,6 +5,7 @@ runs on them before a model loads: values, combinations, the device, the files t
 with code 2 and one sentence.
 """
 import argparse
+import json
 import math
 import os
 import re
@@ -48,10 +49,11 @@ def wrong_types(values):
             fits, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         else:
             fits, kind = type(value) is type(default), {int: "a whole number", str: "text"}[type(default)]
+        shown = json.dumps(value)[:40]  # as the settings file has it
         if not fits:
-            out.append(f"--{name} {value!r} must be {kind}")
+            out.append(f"--{name} {shown} must be {kind}")
         elif choices and value not in choices:
-            out.append(f"--{name} {value!r} must be one of {', '.join(map(str, choices))}")
+            out.append(f"--{name} {shown} must be one of {', '.join(map(str, choices))}")
     return out
 
 

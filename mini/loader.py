@@ -72,9 +72,19 @@ def resolve_snapshot(name_or_path):
                         f"{os.path.relpath(SHIPPED_MODEL)}") from None
 
 
+def not_a_run(path):
+    """A LoadError if `path` is a training run's directory (train.py's or sft.py's), which holds its model in
+    final/: given as a model, the natural mistake."""
+    final = os.path.join(path, "final")
+    if os.path.isdir(final) or os.path.isdir(os.path.join(path, "checkpoints")):
+        raise LoadError(f"{path} is a training run's directory, not a model; "
+                        + (f"its model is {final}" if os.path.isdir(final) else "it has no final/ model yet"))
+
+
 def read_config(path):
     cfg_file = os.path.join(path, "config.json")
     if not os.path.exists(cfg_file):
+        not_a_run(path)
         raise LoadError(f"{path} has no config.json; is it a GPT-2 snapshot directory?")
     try:
         with open(cfg_file) as f:
@@ -85,10 +95,8 @@ def read_config(path):
         raise LoadError(f"{cfg_file} is damaged (JSON nested too deeply); download or save the snapshot again") from None
     if not isinstance(hf, dict):
         raise LoadError(f"{cfg_file} holds a JSON {type(hf).__name__}, not an object; it does not describe a GPT-2 model")
-    if "vocab_size" not in hf and os.path.isdir(os.path.join(path, "checkpoints")):  # mini/runs.py's layout
-        final = os.path.join(path, "final")
-        raise LoadError(f"{path} is a training run's directory, not a model; "
-                        + (f"its model is {final}" if os.path.isdir(final) else "it has no final/ model yet"))
+    if "vocab_size" not in hf:  # a run's config.json (train.py's settings) is not a model's
+        not_a_run(path)
     sizes = {"n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"), "n_embd": hf.get("n_embd"),
              "n_positions": hf.get("n_positions", hf.get("n_ctx")), "vocab_size": hf.get("vocab_size")}
     for name, value in sizes.items():

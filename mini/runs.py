@@ -222,7 +222,7 @@ def resume_config(cfg, given, saved, source):
                        "start afresh with --overwrite")
     bad = wrong_types({k: v for k, v in saved.items() if k not in START_FLAGS})
     if bad:
-        raise RunError(f"{source}, but {bad[0]}: correct it there, or start afresh with --overwrite")
+        raise RunError(f"{source}, but it holds a setting no flag could give: {bad[0]}")
     base = Config(**{k: v for k, v in saved.items() if k in FIELDS and k not in START_FLAGS},  # fields added since
                   **{k: getattr(cfg, k) for k in START_FLAGS})                                 # keep their defaults
     changed, refused = {}, []
@@ -239,8 +239,8 @@ def resume_config(cfg, given, saved, source):
                        "run's values, or start a new run with another --run_name")
     resumed = dataclasses.replace(base, **{k: new for k, (_, new) in changed.items()})
     bad = problems({k: v for k, v in dataclasses.asdict(resumed).items() if k not in START_FLAGS})  # those: cfg's
-    if bad:
-        raise RunError(f"{source}, but {bad[0]}: correct it there, or start afresh with --overwrite")
+    if bad:  # each sentence says what to do
+        raise RunError(f"{source}, but {bad[0]}")
     return resumed, changed
 
 

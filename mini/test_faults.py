@@ -384,8 +384,9 @@ def test_a_snapshot_config_of_wrong_types_or_values(tiny, tmp_path, capsys, chan
 
 
 def test_a_run_directory_given_as_the_model_says_where_the_model_is(tiny, tmp_path):
-    """Pointing evaluate.py or train.py at a run (logs/<run>) is a natural mistake: the answer names the
-    run's final/ snapshot, not a missing 'vocab_size' (a checkpoint file: test_config's BAD)."""
+    """Pointing evaluate.py or train.py at a run (logs/<run>, train.py's or sft.py's) is a natural mistake: the
+    answer names the run's final/ snapshot, not a missing 'vocab_size' or config.json (a checkpoint file:
+    test_config's BAD)."""
     run = tmp_path / "runs" / "r"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"lr": 1e-4, "k_samples": 8}))
@@ -394,6 +395,10 @@ def test_a_run_directory_given_as_the_model_says_where_the_model_is(tiny, tmp_pa
     shutil.copytree(tiny, run / "final")
     with pytest.raises(LoadError, match=f"r is a training run's directory, not a model; its model is {run}/final"):
         load_model(str(run))
+    sft_run = tmp_path / "runs" / "s"  # sft.py's: no config.json, the snapshot in final/
+    shutil.copytree(tiny, sft_run / "final")
+    with pytest.raises(LoadError, match=f"s is a training run's directory, not a model; its model is {sft_run}/final"):
+        load_model(str(sft_run))
 
 
 @pytest.mark.parametrize("file, text, message", [
