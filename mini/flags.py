@@ -124,12 +124,13 @@ def missing_files(values):
     model loads."""
     v, out = values.get, []
     model = v("model_path")
-    if model and model != "scratch" and looks_like_path(model) and os.path.isfile(model):
-        out.append(f"--model_path {model} is a file; a model is a snapshot directory (a run writes its model to "
-                   "logs/<run_name>/final; a checkpoint .pt is the trainer's state, which --auto_resume continues)")
-    elif model and model != "scratch" and looks_like_path(model) and not os.path.isdir(model):
-        out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
-                   "or a hub id like jrahn/RookWorld-LM-124M")
+    if model and model != "scratch" and looks_like_path(model):
+        if os.path.isfile(model):
+            out.append(f"--model_path {model} is a file; a model is a snapshot directory (a run writes its model to "
+                       "logs/<run_name>/final; a checkpoint .pt is the trainer's state, which --auto_resume continues)")
+        elif not os.path.isdir(model):
+            out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
+                       "or a hub id like jrahn/RookWorld-LM-124M")
     for flag in ("data_file", "sft_data_file"):
         names = (v(flag) or "").split(",")
         if v(flag) and "" in names:  # "a.jsonl," would name the file "" and fail later, unclearly
