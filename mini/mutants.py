@@ -33,6 +33,7 @@ COLLECTIVES = ("mini/test_distributed.py::test_the_collectives_of_two_ranks",)
 BF16_SAMPLING = ("mini/test_sampler.py::test_sample_next_of_bf16_logits_computes_in_fp32",)
 ARCHITECTURE = ("mini/test_loader.py::test_an_architecture_the_model_does_not_compute_is_a_load_error",)
 EDGES = ("mini/test_config.py::test_every_range_holds_its_edges_and_refuses_one_step_beyond",)
+DS_ORDER = "mini/test_metrics.py::test_dynamic_sampling_keeps_the_first_groups_drawn_and_counts_only_equal_rewards_as_zero_variance"
 STREAM_A = ("mini/test_dataset.py::test_stream_source_a_prompts_use_every_recent_position_and_the_buffer_half_the_time",)
 
 
@@ -827,6 +828,11 @@ MUTANTS = [
     Mutant("no_group_kept_crashes", "dynamic sampling that keeps no group returns an empty rollout (the step fails)",
            "rollout.py", "kept = self.kept[:n] or [(self.last, g) for g in range(n)]", "kept = self.kept[:n]",
            ("mini/test_metrics.py::test_dynamic_sampling_that_keeps_no_group_trains_the_last_rollout_whole",)),
+    Mutant("ds_keeps_last_groups", "dynamic sampling that keeps more groups than places trains the last ones drawn",
+           "rollout.py", "kept = self.kept[:n] or", "kept = self.kept[-n:] or", (DS_ORDER,)),
+    Mutant("ds_zero_var_counts_min_std", "ds_zero_var_share_drawn also counts groups dropped by --dynamic_sampling_min_std",
+           "rollout.py", "(~grpo.informative_groups(rewards, self.K)).sum()",
+           "(~grpo.informative_groups(rewards, self.K, self.min_std)).sum()", (DS_ORDER,)),
     # chess evaluation, run directories and resume, the config's checks (mini/test_{chess_eval,runs,config}.py)
     Mutant("chess_blunder_strict", "a loss of exactly BLUNDER_CP is not a blunder",
            "chess_eval.py", 'float(r["loss"] >= BLUNDER_CP)',

@@ -161,6 +161,23 @@ def test_dynamic_sampling_that_keeps_no_group_trains_the_last_rollout_whole():
                                  "ds_zero_var_share_drawn": 1.0, "ds_reward_mean_drawn": 0.25}
 
 
+def test_dynamic_sampling_keeps_the_first_groups_drawn_and_counts_only_equal_rewards_as_zero_variance():
+    """min_std 0.3, K = 2. Round 1: rewards (0, 0) equal, (0, 0.2) std 0.14 (dropped, yet not of zero variance),
+    (0, 1) kept. Round 2: (1, 0) kept, (0.5, 0.5) equal, (0, 1) kept. Three groups kept for 2 places: the first
+    two in draw order. Zero variance 2 of 6 groups drawn; mean reward (1.2 + 3) / 12 = 0.35."""
+    def scored(first, rewards):
+        n = len(rewards)
+        return Rollout(["s"] * n, [[first + i] for i in range(n)], [[9]] * n, ["t"] * n,
+                       scores=[(x, {}) for x in rewards])
+
+    groups = InformativeGroups(K=2, min_std=0.3)
+    groups.add(scored(1, [0.0, 0.0, 0.0, 0.2, 0.0, 1.0]))
+    groups.add(scored(11, [1.0, 0.0, 0.5, 0.5, 0.0, 1.0]))
+    assert groups.rollout(2).prompts == [[5], [6], [11], [12]]
+    assert groups.metrics(2) == pytest.approx({"ds_rounds": 2, "ds_groups_drawn": 6, "ds_groups_kept": 2,
+                                               "ds_zero_var_share_drawn": 2 / 6, "ds_reward_mean_drawn": 0.35})
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
