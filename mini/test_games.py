@@ -122,12 +122,15 @@ def test_environment_and_replay_histories_at_every_ply():
 
 
 def test_selfplay_summary_and_means_by_hand():
-    """Three games of 1, 2 and 30 plies: the median is 2 (the mean would be 11); ends as shares of the games; a
-    metric's mean leaves out what was not measured (None)."""
-    games = [{"plies": 1, "end": "illegal"}, {"plies": 30, "end": "checkmate"}, {"plies": 2, "end": "illegal"}]
-    assert gm.selfplay_summary(games) == {"chess_selfplay_plies_median": 2.0, "chess_selfplay_end_checkmate": 1 / 3,
-                                          "chess_selfplay_end_illegal": 2 / 3}
-    assert gm.selfplay_values(games) == {"chess_selfplay_plies": [1.0, 30.0, 2.0], "chess_selfplay_legal_end": [0.0, 1.0, 0.0]}
+    """Games of 1, 2, 30 and 40 plies: the median is 16 (the mean would be 18.25); ends as shares of the games; a
+    game stopped at the half-move cap did not end by the rules; a metric's mean leaves out what was not measured
+    (None)."""
+    games = [{"plies": 1, "end": "illegal"}, {"plies": 30, "end": "checkmate"}, {"plies": 2, "end": "illegal"},
+             {"plies": 40, "end": "max_plies"}]
+    assert gm.selfplay_summary(games) == {"chess_selfplay_plies_median": 16.0, "chess_selfplay_end_checkmate": 1 / 4,
+                                          "chess_selfplay_end_illegal": 2 / 4, "chess_selfplay_end_max_plies": 1 / 4}
+    assert gm.selfplay_values(games) == {"chess_selfplay_plies": [1.0, 30.0, 2.0, 40.0],
+                                         "chess_selfplay_legal_end": [0.0, 1.0, 0.0, 0.0]}
     assert gm.mean([1.0, None, 4.0]) == 2.5 and gm.mean([]) != gm.mean([])
 
 
