@@ -239,6 +239,14 @@ MUTANTS = [
     Mutant("max_plies_counted_legal_end", "a self-play game stopped at the half-move cap counts as ended by the rules",
            "games.py", '"threefold_repetition", "fifty_moves")', '"threefold_repetition", "fifty_moves", "max_plies")',
            ("mini/test_games.py::test_selfplay_summary_and_means_by_hand",)),
+    Mutant("strict_refuses_a_worthless_legal_move", "strict shaping scores a legal best move that the engine values at 0 "
+           "as unparseable", "reward_scorer.py", 'if shaping == "strict" and policy and not comps["best_legal"]:',
+           'if shaping == "strict" and policy and not comps["best"]:',
+           ("mini/test_reward_scorer.py::test_strict_scores_an_illegal_best_move_as_unparseable",)),
+    Mutant("move_quality_best_is_first_label", "move quality measures against the first labelled eval, not the top one "
+           "(a text line's labels come shuffled)", "reward_scorer.py",
+           "best_cp, labelled = label_cp(max(sample.evals)),", "best_cp, labelled = label_cp(sample.evals[0]),",
+           ("mini/test_engine_reward.py::test_move_quality_labelled_and_illegal_moves",)),
     Mutant("policy_move_first_b", "chess_eval reads the move after the first 'B:', not the last",
            "games.py", 'b = text.rfind("B:")', 'b = text.find("B:")', (ADVERSARIAL,)),
     Mutant("task_metrics_over_batch", "per-task reward components are divided by the whole batch",

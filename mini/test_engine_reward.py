@@ -85,6 +85,9 @@ def test_move_quality_labelled_and_illegal_moves():
     assert move_quality(QUEEN, "d6e5") is None  # legal, unlabelled, no engine eval: the caller falls back
     # the engine finds an unlabelled move better than the labelled best (0.0): nothing lost, never less than 0
     assert move_quality(SCANDI, "e4d5", cp_after=60) == {"score": 1.0, "cpl": 0, "winprob_loss": 0.0}
+    # a text line's labels come shuffled (formats.py): the best is the top eval wherever it stands
+    shuffled = policy_sample(QUEEN.fen, QUEEN.moves[::-1], QUEEN.evals[::-1], best="f5e4")
+    assert move_quality(shuffled, "d5e4") == move_quality(QUEEN, "d5e4") and move_quality(shuffled, "f5e4")["cpl"] == 0
 
 
 def test_labels_mode_is_todays_reward():
