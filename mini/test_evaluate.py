@@ -74,7 +74,7 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     # opening: legal but not PV1 (c7c5 is PV1 at 0.3); endgame: illegal (no piece on a1)
     completions = [" M: e7e5 E: 0.2 B: e7e5", " M: a1a2 E: 0.0 B: a1a2"]
     short = env_sample(chess.STARTING_FEN, "e2e4", ["e2e4"])  # history of 1
-    cut = env_sample(opening.fen, "e7e5", ["d2d4", "d7d5", "e2e4", "e7e5"])  # 4 (not a real game: a test string)
+    cut = env_sample(opening.fen, "e7e5", ["d2d4", "e2e4", "e7e5"])  # 3 (not a real game: a test string)
     wrong = env_sample(opening.fen, "e7e6", ["e2e4", "e7e6"])  # 2, answered with the input FEN: wrong
     completions += [short.completion, cut.completion, f"{opening.fen}+0.001+0+0"]
     v = ev.per_sample_values([opening, endgame, short, cut, wrong], completions)
@@ -94,12 +94,16 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     assert v["eval_P_best_legal_unconstrained"] == [1.0, 0.0] and "eval_P_best_legal_pin" not in v
     assert v["eval_P_best_acc_pv1_legal"] == [0.0, None]  # one legal answer, not PV1; the illegal one not counted
     assert v["eval_A_next_state_exact_h1-2"] == [1.0, 0.0] and v["eval_A_next_state_exact_h3-5"] == [1.0]
+    # top-5 accuracy over the labels a position has (2 here, not 5); legality over the distinct moves named
+    assert v["eval_P_top5_acc"] == [0.5, 0.0]
+    assert ev.per_sample_values([opening], [" M: e7e5 a1a2 a1a2 E: 0.2 0.0 0.0 B: e7e5"])["eval_P_top5_legal"] == [0.5]
     assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]
     assert [phase(chess.Board(s.fen)) for s in (opening, endgame)] == ["opening", "endgame"]
 
 
 def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
-    """A .jsonl with A: records gives those transitions (not random ones), and --pad pads the P: prompts."""
+    """A .jsonl with A: records gives those transitions (not random ones), and --pad pads the P: prompts, as it
+    does a text file's P: lines, whatever width their FEN had there."""
     path = tmp_path / "games.jsonl"
     path.write_text(json.dumps({"meta": {}}) + "\n" + json.dumps(
         {"fen": chess.STARTING_FEN, "moves": ["e2e4"], "evals": [0.3], "history": []}) + "\n" + json.dumps(
@@ -108,6 +112,11 @@ def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
         p, a = ev.load_eval_set(str(path), 5, pad)
         assert p.prompt == "P: " + chess.STARTING_FEN + " " * (pad - 1 - len(chess.STARTING_FEN))
         assert (a.task, a.move, a.history) == ("A", "g1f3", ["g1f3"])
+    text = tmp_path / "lines.txt"
+    text.write_text(P_LINES[0] + "\n")
+    for pad in (90, 89):
+        (p,) = ev.load_eval_set(str(text), 5, pad)
+        assert p.prompt == "P: " + p.fen + " " * (pad - 1 - len(p.fen))
 
 
 def test_text_lines_label_versus_pv1():
