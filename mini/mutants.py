@@ -257,6 +257,9 @@ MUTANTS = [
     Mutant("text_eval_lines_not_repadded", "evaluate.py --pad leaves a text file's P: prompts at their own width",
            "evaluate.py", "samples = [repad(s, pad) for s in load_text(path)[0]]", "samples = load_text(path)[0]",
            ("mini/test_evaluate.py::test_realistic_eval_set_takes_its_own_transitions_and_padding",)),
+    Mutant("realistic_game_ignores_claimable_draws", "a realistic game plays on past a repetition a side can claim, "
+           "to the fivefold", "positions.py", "outcome = board.outcome(claim_draw=True)", "outcome = board.outcome()",
+           ("mini/test_positions.py::test_a_game_ends_where_a_repetition_can_be_claimed",)),
     Mutant("policy_move_first_b", "chess_eval reads the move after the first 'B:', not the last",
            "games.py", 'b = text.rfind("B:")', 'b = text.find("B:")', (ADVERSARIAL,)),
     Mutant("task_metrics_over_batch", "per-task reward components are divided by the whole batch",

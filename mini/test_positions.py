@@ -412,6 +412,25 @@ def test_agreed_draw_after_draw_plies_level_plies_from_draw_from(monkeypatch):
             assert play_game(steady(cp), random.Random(seed))[1] in ("resignation", "max_plies")
 
 
+class ShuttleEngine:
+    """analyse() answers one line: the knights out and back (Ng1-f3-g1, Ng8-f6-g8), level."""
+
+    def analyse(self, board, limit, multipv=1, game=None):
+        move = next(chess.Move.from_uci(u) for u in ("g1f3", "f3g1", "g8f6", "f6g8")
+                    if chess.Move.from_uci(u) in board.legal_moves)
+        return [{"pv": [move], "score": chess.engine.PovScore(chess.engine.Cp(0), board.turn)}]
+
+
+def test_a_game_ends_where_a_repetition_can_be_claimed(monkeypatch):
+    """Knights out and back from the initial position: after 7 plies Black's next move would make the start
+    position's third occurrence, a draw a side can claim, which ends the game there (not at the fivefold
+    repetition of ply 16 that python-chess ends on its own)."""
+    plain_style(monkeypatch)
+    monkeypatch.setattr(positions, "play", lambda board, rng, *a: None)  # no random opening plies
+    moves, end = play_game(ShuttleEngine(), random.Random(0))
+    assert (end, moves) == ("threefold_repetition", ["g1f3", "g8f6", "f3g1", "f6g8", "g1f3", "g8f6", "f3g1"])
+
+
 def test_a_game_stops_at_max_plies(monkeypatch):
     plain_style(monkeypatch)
     monkeypatch.setattr(positions, "MAX_PLIES", 12)
