@@ -260,6 +260,16 @@ MUTANTS = [
     Mutant("realistic_game_ignores_claimable_draws", "a realistic game plays on past a repetition a side can claim, "
            "to the fivefold", "positions.py", "outcome = board.outcome(claim_draw=True)", "outcome = board.outcome()",
            ("mini/test_positions.py::test_a_game_ends_where_a_repetition_can_be_claimed",)),
+    Mutant("mate_in_one_after_scored_as_mate_in_zero", "a move that mates at once scores MATE_CP, not MATE_CP - 1 "
+           "(mate in n is MATE_CP - n)", "stockfish.py", "return MATE_CP - 1, 0.0", "return MATE_CP, 0.0", ("mini/test_engine_reward.py::test_a_move_that_ends_the_game_is_scored_without_a_search",)),
+    Mutant("stalemating_move_searched", "a move that ends the game in a draw is handed to the engine, which has "
+           "nothing to search", "stockfish.py",
+           "        if board.is_game_over():  # stalemate, insufficient material, 75 moves, fivefold: a draw\n"
+           "            return 0, 0.0\n", "", ("mini/test_engine_reward.py::test_a_move_that_ends_the_game_is_scored_without_a_search",)),
+    Mutant("submit_chunks_of_eight", "submit() labels in chunks of 8 whatever the number of engines",
+           "stockfish.py", "return [chunks[i // n] for i in range(len(fens))]",
+           "return [chunks[min(i // 8, len(chunks) - 1)] for i in range(len(fens))]",
+           ("mini/test_annotate.py::test_each_submitted_fen_gets_its_own_chunks_labels",)),
     Mutant("policy_move_first_b", "chess_eval reads the move after the first 'B:', not the last",
            "games.py", 'b = text.rfind("B:")', 'b = text.find("B:")', (ADVERSARIAL,)),
     Mutant("task_metrics_over_batch", "per-task reward components are divided by the whole batch",

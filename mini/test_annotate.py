@@ -300,15 +300,16 @@ def test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_eit
 @needs_stockfish
 def test_each_submitted_fen_gets_its_own_chunks_labels():
     """submit() labels in chunks of 8 per worker; each FEN's future is the one of the chunk that holds it."""
-    ann = Annotator(depth=1, workers=1, cache_path="")
-    ann.annotate = lambda fens: {f: (["e2e4"], [0.0]) for f in fens}  # no engine needed
-    try:
-        fens = [f"p{i}" for i in range(20)]
-        futures = ann.submit(fens)
-        assert all(f in future.result() for f, future in zip(fens, futures))
-        assert [len(future.result()) for future in dict.fromkeys(futures)] == [8, 8, 4]
-    finally:
-        ann.close()
+    for workers, sizes in ((1, [8, 8, 4]), (2, [16, 4])):
+        ann = Annotator(depth=1, workers=workers, cache_path="")
+        ann.annotate = lambda fens: {f: (["e2e4"], [0.0]) for f in fens}  # no engine needed
+        try:
+            fens = [f"p{i}" for i in range(20)]
+            futures = ann.submit(fens)
+            assert all(f in future.result() for f, future in zip(fens, futures))
+            assert [len(future.result()) for future in dict.fromkeys(futures)] == sizes
+        finally:
+            ann.close()
 
 
 def test_engine_deadline_by_hand():

@@ -182,6 +182,15 @@ def test_a_mate_after_the_move_counts_the_move(tmp_path):
 
 
 @needs_stockfish
+def test_a_move_that_ends_the_game_is_scored_without_a_search():
+    """Rh8 mates at once: MATE_CP - 1 for the mover (mate in 1); Qb6 stalemates: 0. No engine is asked."""
+    mate, stalemate = ("k7/8/1K6/8/8/8/8/7R w - - 0 1", "h1h8"), ("k7/8/2K5/8/8/8/8/1Q6 w - - 0 1", "b1b6")
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1) as ann:
+        ann._with_engine = lambda *a: pytest.fail("a finished game was searched")
+        assert ann.evals_after([mate, stalemate]) == {mate: MATE_CP - 1, stalemate: 0}
+
+
+@needs_stockfish
 def test_batch_dedupe_and_cache(tmp_path, monkeypatch):
     """A group of K asks once per distinct move; the same batch again asks the engine zero times."""
     samples = [EQUAL] * 4 + [QUEEN] * 4
