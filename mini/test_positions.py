@@ -85,6 +85,24 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     assert led and not onto & {after(f, m) for f, m, _ in led if m in legal_ucis(f)}  # no record reaches them
 
 
+def test_a_bucket_takes_only_plies_whose_history_reaches_its_longest_length():
+    """A game of 4 half-moves has histories of 0 to 3 half-moves before its moves: enough for every length of
+    1-2 (the move and up to one before it), too short for 3-5, whose lengths must be drawn over the whole
+    bucket. Its P: positions, met twice in two copies of the game, are drawn once each."""
+    short = [(["e2e4", "e7e5", "g1f3", "b8c6"], "*")]
+    records = game_env_records(short, random.Random(0), per_bucket=2)
+    assert [history_bucket(len(h)) for _, _, h in records] == ["1-2", "1-2"]
+    assert len(game_positions(short * 2, random.Random(0), 10)) == 4
+
+
+def test_game_transitions_are_a_tenth_illegal_moves(games):
+    """The A: records of games: the move played, an illegal move a tenth of the time (twice random_env_sample's
+    default, as the docstring says), no UCI move 2%; over 5 draws of the games' plies."""
+    records = [r for seed in range(5) for r in game_env_records(games, random.Random(seed))]
+    illegal = sum(UCI.match(m) is not None and m not in legal_ucis(f) for f, m, _ in records) / len(records)
+    assert 0.08 < illegal < 0.12, illegal
+
+
 def test_a_capped_pool_is_the_first_of_the_full_one_and_cut_rate_shortens_histories(games):
     full = game_env_records(games, random.Random(2))
     assert game_env_records(games, random.Random(2), limit=7) == full[:7]  # a uniform draw: the order is shuffled
