@@ -213,6 +213,9 @@ def test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written(tmp_path):
         run.save_regular({"step": step}, keep_last=2)
     assert sorted(os.listdir(run.ckpt_dir)) == ["step_1000000.pt", "step_1000000.pt.sha256", "step_999999.pt",
                                                 "step_999999.pt.sha256"]
+    run.save_regular({"step": 1_000_001}, keep_last=2)  # the oldest by step goes, not the first by name
+    assert sorted(os.listdir(run.ckpt_dir)) == ["step_1000000.pt", "step_1000000.pt.sha256", "step_1000001.pt",
+                                                "step_1000001.pt.sha256"]
     run.save_regular({"step": 5}, keep_last=1)  # later ones, whatever left them, never push out the new one
     assert sorted(os.listdir(run.ckpt_dir)) == ["step_000005.pt", "step_000005.pt.sha256"]
 
