@@ -284,6 +284,11 @@ MUTANTS = [
            "runs.py", 'regular = sorted(glob.glob(self.checkpoint("step_*.pt")), key=checkpoint_step)',
            'regular = sorted(glob.glob(self.checkpoint("step_*.pt")))',
            ("mini/test_runs.py::test_pruning_goes_by_step_and_keeps_the_checkpoint_just_written",)),
+    Mutant("gae_reward_past_the_last_token", "GAE puts a right-padded row's reward one column past its last real "
+           "token, where the mask drops it", "grpo.py",
+           "r[torch.arange(v.size(0)), (m.sum(1).long() - 1).clamp(min=0)] = reward.float()",
+           "r[torch.arange(v.size(0)), m.sum(1).long().clamp(max=v.size(1) - 1)] = reward.float()",
+           ("mini/test_grpo.py::test_gae_hand_example",)),
     Mutant("policy_move_first_b", "chess_eval reads the move after the first 'B:', not the last",
            "games.py", 'b = text.rfind("B:")', 'b = text.find("B:")', (ADVERSARIAL,)),
     Mutant("task_metrics_over_batch", "per-task reward components are divided by the whole batch",

@@ -451,13 +451,13 @@ def test_group_rows_of_a_micro_batch():
 def test_gae_hand_example():
     values = torch.tensor([[0.5, 0.6, 0.7], [0.2, 0.4, 9.9]])  # row 1 has 2 tokens; 9.9 is padding
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    adv, ret = gae(torch.tensor([1.0, 0.0]), values, mask, gamma=0.9, lam=0.8)
+    adv, ret = gae(torch.tensor([1.0, 0.5]), values, mask, gamma=0.9, lam=0.8)
     # row 0: δ = [0.9*.6-.5, 0.9*.7-.6, 1-.7] = [.04, .03, .3]; Â_2 = .3, Â_1 = .03+.72*.3, Â_0 = .04+.72*.246
-    # row 1: δ = [0.9*.4-.2, 0-.4] = [.16, -.4];  Â_1 = -.4, Â_0 = .16+.72*(-.4)
-    assert torch.allclose(adv, torch.tensor([[0.21712, 0.246, 0.3], [-0.128, -0.4, 0]]), atol=1e-6)
-    assert torch.allclose(ret, torch.tensor([[0.71712, 0.846, 1.0], [0.072, 0.0, 0.0]]), atol=1e-6)
-    mc, _ = gae(torch.tensor([1.0, 0.0]), values, mask, gamma=1.0, lam=1.0)  # Monte Carlo: R − V_t
-    assert torch.allclose(mc, torch.tensor([[0.5, 0.4, 0.3], [-0.2, -0.4, 0]]), atol=1e-6)
+    # row 1: the reward on its last real token: δ = [0.9*.4-.2, .5-.4] = [.16, .1];  Â_1 = .1, Â_0 = .16+.72*.1
+    assert torch.allclose(adv, torch.tensor([[0.21712, 0.246, 0.3], [0.232, 0.1, 0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.71712, 0.846, 1.0], [0.432, 0.5, 0.0]]), atol=1e-6)
+    mc, _ = gae(torch.tensor([1.0, 0.5]), values, mask, gamma=1.0, lam=1.0)  # Monte Carlo: R − V_t
+    assert torch.allclose(mc, torch.tensor([[0.5, 0.4, 0.3], [0.3, 0.1, 0]]), atol=1e-6)
 
 
 def test_value_loss_hand_example_and_head():
