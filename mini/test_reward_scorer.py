@@ -129,8 +129,8 @@ def test_strict_scores_an_illegal_best_move_as_unparseable():
     for sample, text in [(s, legal_only), (s, s.completion), (a, a.completion), (a, a.completion[:-3]), (s, "junk")]:
         assert score(sample, text, "strict") == score(sample, text)
     assert score(s, legal_only, "strict")[0] == pytest.approx(0.62)
-    # with the engine's move reward (best=), a legal move that keeps nothing (0: the side is lost whatever it
-    # plays) still parses: strict asks whether the move can be played, not what it is worth
+    # with the engine's move reward (best=), a legal move that keeps nothing (0: it walks into a mate the best move
+    # avoids) still parses: strict asks whether the move can be played, not what it is worth
     assert score(s, legal_only, "strict", best=0.0) == score(s, legal_only, best=0.0)
     assert score(s, legal_only, "strict", best=0.0)[0] == pytest.approx(0.2 + 0.8 * 0.5)
 
