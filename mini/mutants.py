@@ -289,6 +289,11 @@ MUTANTS = [
            "r[torch.arange(v.size(0)), (m.sum(1).long() - 1).clamp(min=0)] = reward.float()",
            "r[torch.arange(v.size(0)), m.sum(1).long().clamp(max=v.size(1) - 1)] = reward.float()",
            ("mini/test_grpo.py::test_gae_hand_example",)),
+    Mutant("bootstrap_seeded_by_position", "the bootstrap's prompt draws are seeded by the metric's place among "
+           "the lengths met, so an interval changes with the metrics beside it", "evaluate.py",
+           "draws[n] = np.random.default_rng([seed, n]).integers(0, n, (n_boot, n))",
+           "draws[n] = np.random.default_rng([seed, len(draws)]).integers(0, n, (n_boot, n))",
+           ("mini/test_stats.py::test_an_interval_does_not_depend_on_the_metrics_beside_it",)),
     Mutant("policy_move_first_b", "chess_eval reads the move after the first 'B:', not the last",
            "games.py", 'b = text.rfind("B:")', 'b = text.find("B:")', (ADVERSARIAL,)),
     Mutant("task_metrics_over_batch", "per-task reward components are divided by the whole batch",

@@ -43,6 +43,16 @@ def test_a_constant_delta_has_no_spread_and_a_sure_one_no_interval():
     assert rows["z"][2:5] == (0.0, 0.0, 0.0) and rows["o"][2:5] == (1.0, 1.0, 1.0)
 
 
+
+def test_an_interval_does_not_depend_on_the_metrics_beside_it():
+    """The prompt draws are seeded by the seed and the number of pairs: a metric's interval is the same alone
+    as after a metric of another length (an evaluation with a section more or less)."""
+    before, after = [0.0] * 60, [0.0, 1.0] * 30
+    alone = ev.paired_bootstrap({"m": before}, {"m": after})["m"]
+    beside = ev.paired_bootstrap({"other": [0.0] * 7, "m": before}, {"other": [1.0, 0.0] * 3 + [1.0], "m": after})
+    assert beside["m"] == alone
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
