@@ -33,6 +33,9 @@ COLLECTIVES = ("mini/test_distributed.py::test_the_collectives_of_two_ranks",)
 BF16_SAMPLING = ("mini/test_sampler.py::test_sample_next_of_bf16_logits_computes_in_fp32",)
 ARCHITECTURE = ("mini/test_loader.py::test_an_architecture_the_model_does_not_compute_is_a_load_error",)
 EDGES = ("mini/test_config.py::test_every_range_holds_its_edges_and_refuses_one_step_beyond",)
+BREAKDOWNS = "mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers"
+GAME_ENDING_MOVES = "mini/test_engine_reward.py::test_a_move_that_ends_the_game_is_scored_without_a_search"
+SHORT_GAME = "mini/test_positions.py::test_a_bucket_takes_only_plies_whose_history_reaches_its_longest_length"
 DS_ORDER = "mini/test_metrics.py::test_dynamic_sampling_keeps_the_first_groups_drawn_and_counts_only_equal_rewards_as_zero_variance"
 STREAM_A = ("mini/test_dataset.py::test_stream_source_a_prompts_use_every_recent_position_and_the_buffer_half_the_time",)
 
@@ -248,12 +251,12 @@ MUTANTS = [
            "best_cp, labelled = label_cp(max(sample.evals)),", "best_cp, labelled = label_cp(sample.evals[0]),",
            ("mini/test_engine_reward.py::test_move_quality_labelled_and_illegal_moves",)),
     Mutant("top5_over_five", "top-5 accuracy divides by 5 where a position has fewer labelled moves",
-           "evaluate.py", '("top5_acc", len(matched) / len(label))', '("top5_acc", len(matched) / 5)', ("mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers",)),
+           "evaluate.py", '("top5_acc", len(matched) / len(label))', '("top5_acc", len(matched) / 5)', (BREAKDOWNS,)),
     Mutant("top5_legal_counts_repeats", "top-5 legality counts a move named twice twice",
            "evaluate.py", "sum(m in legal for m in named) / len(named) if named else 0.0",
-           "sum(m in legal for m in moves) / len(moves) if moves else 0.0", ("mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers",)),
+           "sum(m in legal for m in moves) / len(moves) if moves else 0.0", (BREAKDOWNS,)),
     Mutant("history_bucket_without_the_move", "the A: history buckets count the half-moves before the move, not with it",
-           "evaluate.py", 'history_bucket(len(s.history))}"', 'history_bucket(max(len(s.history) - 1, 1))}"', ("mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers",)),
+           "evaluate.py", 'history_bucket(len(s.history))}"', 'history_bucket(max(len(s.history) - 1, 1))}"', (BREAKDOWNS,)),
     Mutant("text_eval_lines_not_repadded", "evaluate.py --pad leaves a text file's P: prompts at their own width",
            "evaluate.py", "samples = [repad(s, pad) for s in load_text(path)[0]]", "samples = load_text(path)[0]",
            ("mini/test_evaluate.py::test_realistic_eval_set_takes_its_own_transitions_and_padding",)),
@@ -261,21 +264,21 @@ MUTANTS = [
            "to the fivefold", "positions.py", "outcome = board.outcome(claim_draw=True)", "outcome = board.outcome()",
            ("mini/test_positions.py::test_a_game_ends_where_a_repetition_can_be_claimed",)),
     Mutant("mate_in_one_after_scored_as_mate_in_zero", "a move that mates at once scores MATE_CP, not MATE_CP - 1 "
-           "(mate in n is MATE_CP - n)", "stockfish.py", "return MATE_CP - 1, 0.0", "return MATE_CP, 0.0", ("mini/test_engine_reward.py::test_a_move_that_ends_the_game_is_scored_without_a_search",)),
+           "(mate in n is MATE_CP - n)", "stockfish.py", "return MATE_CP - 1, 0.0", "return MATE_CP, 0.0", (GAME_ENDING_MOVES,)),
     Mutant("stalemating_move_searched", "a move that ends the game in a draw is handed to the engine, which has "
            "nothing to search", "stockfish.py",
            "        if board.is_game_over():  # stalemate, insufficient material, 75 moves, fivefold: a draw\n"
-           "            return 0, 0.0\n", "", ("mini/test_engine_reward.py::test_a_move_that_ends_the_game_is_scored_without_a_search",)),
+           "            return 0, 0.0\n", "", (GAME_ENDING_MOVES,)),
     Mutant("submit_chunks_of_eight", "submit() labels in chunks of 8 whatever the number of engines",
            "stockfish.py", "return [chunks[i // n] for i in range(len(fens))]",
            "return [chunks[min(i // 8, len(chunks) - 1)] for i in range(len(fens))]",
            ("mini/test_annotate.py::test_each_submitted_fen_gets_its_own_chunks_labels",)),
     Mutant("bucket_takes_short_histories", "a history bucket takes plies too early in the game for its longest "
            "lengths, so its lengths are not drawn over the whole bucket", "annotate.py", "if len(history) < hi - 1:",
-           "if len(history) < lo - 1:", ("mini/test_positions.py::test_a_bucket_takes_only_plies_whose_history_reaches_its_longest_length",)),
+           "if len(history) < lo - 1:", (SHORT_GAME,)),
     Mutant("game_positions_repeat", "a position met twice in the games is drawn twice into the pool",
            "annotate.py", "        seen.add(key)\n        out.append((fen, history, phase(board)))",
-           "        out.append((fen, history, phase(board)))", ("mini/test_positions.py::test_a_bucket_takes_only_plies_whose_history_reaches_its_longest_length",)),
+           "        out.append((fen, history, phase(board)))", (SHORT_GAME,)),
     Mutant("game_transitions_half_as_illegal", "the games' A: records get illegal moves 5% of the time, not 10%",
            "annotate.py", "random_env_sample(fen, history, rng, illegal_rate=0.10, move=played)",
            "random_env_sample(fen, history, rng, move=played)",
@@ -711,7 +714,7 @@ MUTANTS = [
            ("mini/test_positions.py::test_king_constraint_names_what_the_kings_safety_forbids",)),
     Mutant("king_constraint_metric_in_check", "positions in check also get a king-safety class metric",
            "evaluate.py", '    if constraint != "check":  # out of check', "    if True:  # out of check",
-           ("mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers",)),
+           (BREAKDOWNS,)),
     Mutant("king_shares_ignored", "--king_shares never reaches the draw: positions come as they come",
            "annotate.py", "    if king_shares is not None:  # None: every class not named\n", "    if False:\n",
            ("mini/test_positions.py::test_king_shares_draw_those_shares_by_what_the_kings_safety_forbids",)),
