@@ -6,6 +6,7 @@ import tempfile
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mini.loader import load_model
 from mini.model import GPT, GPTConfig, causal_mask
@@ -172,6 +173,19 @@ def test_dropout_acts_in_train_mode_only():
     mask[1, :3] = 0
     assert torch.equal(noisy.eval()(ids, mask), plain.eval()(ids, mask))
     assert not torch.equal(noisy.train()(ids, mask), plain(ids, mask))  # the dropout is there
+
+
+def test_dropout_sites_are_gpt2s(monkeypatch):
+    """A train-mode forward drops where GPT-2 does: the embeddings' sum, then in every block the attention
+    weights (at the config's rate), the attention's output projection and the MLP's: 1 + 2 * n_layer drops."""
+    drops, attn_rates = [], []
+    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, *a, **kw: drops.append(p) or dropout(x, p, *a, **kw))
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, dropout_p=0.0, **kw: attn_rates.append(dropout_p) or sdpa(*a, dropout_p=dropout_p, **kw))
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, n_positions=64, vocab_size=50, dropout=0.25)).train()
+    model(torch.randint(0, 50, (2, 9)), torch.ones(2, 9))
+    assert drops == [0.25] * (1 + 2 * 3) and attn_rates == [0.25] * 3
 
 
 if __name__ == "__main__":

@@ -171,6 +171,29 @@ def test_build_is_deterministic_and_excludes():
     assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
 
 
+@pytest.mark.parametrize("per_game", [1, 2])
+def test_build_mates_keeps_at_most_per_game_positions_of_a_game(monkeypatch, per_game):
+    """Each position kept is traced to the game it was found in (a game starts at ply 0): no game gives more
+    than per_game, and games with more mates than that give exactly per_game (the cap binds, it is not a floor)."""
+    game_of, games = {}, []
+    mating_moves = positions.mating_moves
+
+    def traced(board):
+        games.append(0) if board.ply() == 0 else None
+        mates = mating_moves(board)
+        if mates:
+            game_of[board.fen()] = len(games)
+            games[-1] += 1
+        return mates
+    monkeypatch.setattr(positions, "mating_moves", traced)
+    kept = build_mates(12, seed=5, max_plies=120, per_game=per_game)
+    per = {}
+    for r in kept:
+        per[game_of[r["fen"]]] = per.get(game_of[r["fen"]], 0) + 1
+    assert max(per.values()) == per_game and len(kept) == 12
+    assert all(per[g] == per_game for g in per if games[g - 1] >= per_game and g < len(games))
+
+
 QGD_10 = "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6 c1g5 f8e7 e2e3 e8g8".split()  # Black castles
 
 
