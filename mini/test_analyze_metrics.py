@@ -35,8 +35,8 @@ def test_window_means_by_hand():
     rows = [{"step": 1, "kl": 1.0}, {"step": 2, "kl": 3.0, "entropy": 2.0}, {"step": 3, "kl": 5.0}]
     assert am.window_means(rows, ["kl", "entropy"], 2) == [(1, 2, {"kl": 2.0, "entropy": 2.0}), (3, 3, {"kl": 5.0})]
     assert [w[:2] for w in am.window_means(rows, ["kl"], 10)] == [(1, 1), (2, 2), (3, 3)]  # one row each
-    edited = [{"step": 1, "kl": None}, {"step": 2, "kl": 4.0}, {"step": 3, "kl": "n/a"}]  # a hand-edited file
-    assert am.window_means(edited, ["kl"], 1) == [(1, 3, {"kl": 4.0})]
+    edited = [{"step": 1, "kl": None}, {"step": 2, "kl": 4.0}, {"step": 3, "kl": "n/a"}, {"step": 4, "kl": True}]
+    assert am.window_means(edited, ["kl"], 1) == [(1, 4, {"kl": 4.0})]  # a hand-edited file: a true is no number
     eleven = [{"step": i} for i in range(1, 12)]
     assert len(am.window_means(eleven, [], 10)) == 10  # as many windows as asked, sizes 1 or 2
 
@@ -46,6 +46,11 @@ def test_warnings_name_the_failure_modes():
                for i in range(1, 11)]
     assert am.warnings(healthy) == []
     assert am.warnings(healthy[:1]) == []  # one step: nothing to compare
+    flat = [{"step": i, "reward_mean": 0.5} for i in range(1, 11)]
+    assert am.warnings(flat[:9]) == [] and am.warnings(flat) == [  # the reward is judged from 10 steps on
+        "the training reward did not rise from the first fifth of the run to the last"]
+    assert am.warnings(healthy[:-1] + [dict(healthy[-1], grad_norm=float("inf"))]) == [
+        "some logged values are NaN or infinite"]
     stuck = [{"step": i, "reward_mean": 0.5, "kl": 0.3, "zero_var_share": 0.8, "clip_frac": 0.3} for i in range(1, 11)]
     stuck[-1].update(eval_reward=0.1)
     stuck[0].update(eval_reward=0.4, loss=float("nan"))
@@ -98,6 +103,10 @@ def test_cli_several_runs_print_each_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.index("== a ==") < out.index("4 steps") < out.index("== b ==") < out.index("2 steps")
     assert "KL to the start model is 0.50" in out  # each run gets its own warnings
+    twins = [write_run(tmp_path / side / "run", [{"step": 1, "kl": 0.0}]) for side in ("left", "right")]
+    am.main(twins)  # two runs named alike in different folders: each headed by its path
+    out = capsys.readouterr().out
+    assert f"== {os.path.normpath(twins[0])} ==" in out and f"== {os.path.normpath(twins[1])} ==" in out
 
 
 def test_cli_plot_two_runs(tmp_path, monkeypatch, capsys):
@@ -171,6 +180,15 @@ def test_warnings_read_the_last_fifth_and_their_thresholds_are_strict():
     rewards[-1] = 0.1  # last fifth 0.4: not above the first
     assert am.warnings([{"step": i, "reward_mean": r} for i, r in enumerate(rewards, 1)]) == [
         "the training reward did not rise from the first fifth of the run to the last"]
+
+
+def test_the_held_out_warning_compares_the_first_evaluation_with_the_last():
+    """Not the last two, not the best: 0.4, 0.1, 0.3 fell over the run; 0.3, 0.5, 0.4 did not."""
+    def warned(evals):
+        return [w for w in am.warnings([{"step": i, "eval_reward": e} for i, e in enumerate(evals, 1)])
+                if w.startswith("held-out")]
+    assert warned([0.4, 0.1, 0.3]) == ["held-out reward fell from 0.400 (step 1) to 0.300 (step 3)"]
+    assert warned([0.3, 0.5, 0.4]) == [] and warned([0.3]) == []
 
 
 def test_rows_come_back_in_step_order_and_windows_split_by_hand(tmp_path):
