@@ -37,7 +37,7 @@ from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import MicroBatch, Rollout
 from mini.runs import load_checkpoint
-from mini.runtime import lr_factor, score_workers, seed_everything
+from mini.runtime import PhaseTimer, lr_factor, peak_memory_mb, score_workers, seed_everything
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
@@ -631,6 +631,25 @@ def test_lr_schedule_by_hand():
     assert f[2] == pytest.approx(1.0)  # cosine over steps 2..8 starts at the peak
     assert f[5] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 6)))
     assert f[8] == pytest.approx(0.1) and f[9] == pytest.approx(0.05)  # final linear decay to 0
+
+
+def test_phase_timer_sums_a_phase_that_repeats_and_times_the_whole_step(monkeypatch):
+    """Dynamic sampling generates and scores several times a step: each phase's seconds are summed over its
+    repeats, and time_step is the whole step since the timer began, gaps between phases included."""
+    clock = iter([100.0, 101.0, 103.0, 103.5, 104.0, 107.0, 110.0, 111.0])  # start; generate 2 s, score 0.5 s, generate 3 s; end
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    timer = PhaseTimer(cuda=False)
+    for phase in ("generate", "score", "generate"):
+        with timer(phase):
+            pass
+    assert timer.seconds() == {"time_generate": 5.0, "time_score": 0.5, "time_step": 11.0}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_peak_memory_on_cpu_is_the_process_high_water_mark_in_mib():
+    """On a CPU, peak_mem_mb is the process's resident high-water mark (Linux: VmHWM in kB) in MiB."""
+    hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    assert peak_memory_mb(torch.device("cpu")) == pytest.approx(hwm_kb / 1024, rel=0.05)
 
 
 def test_optimizer_groups():
