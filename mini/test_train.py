@@ -529,6 +529,13 @@ def test_log_line_has_the_digits_and_the_time_left():
     assert train.log_line(m, ["P"] * 3, 3, 0.6, eta=None).endswith("| 1.5s")
 
 
+def test_eta_is_the_pace_since_the_start_times_the_steps_left_and_reads_in_hours(monkeypatch):
+    """A resumed run at step 2 that took 60 s for steps 3-5 has 5 steps left at 20 s each: 100 s."""
+    monkeypatch.setattr(time, "time", lambda: 160.0)
+    assert train.eta(100.0, 2, 5, 10) == pytest.approx(100.0) and train.eta(100.0, 2, 2, 10) is None
+    assert [train.duration(s) for s in (7, 59.6, 125, 3725, 36000)] == ["7s", "1m00s", "2m05s", "1h02m", "10h00m"]
+
+
 def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12", "--save_every", "0")) == 1
     assert "exceeds --kl_threshold 1e-12 at step 2" in capsys.readouterr().err
