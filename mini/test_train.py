@@ -677,6 +677,8 @@ def test_find_batch_size_with_a_fake_memory_probe():
     assert find_batch_size(peak, 64, 10_000, 0.85)[0] is None  # even the start does not fit
     assert find_batch_size(lambda b: 0, 1, 1, 0.85, max_batch=8) == (8, [(1, 0), (2, 0), (4, 0), (8, 0)])
     assert find_batch_size(lambda b: 0, 12, 1, 0.85, max_batch=8) == (12, [(12, 0)])  # asked for: measured
+    assert find_batch_size(lambda b: 0, 3, 1, 0.85, max_batch=8) == (8, [(3, 0), (6, 0), (8, 0)])  # doubled up to the cap
+    assert find_batch_size(lambda b: 50.0 * b, 1, 100, 0.5) == (1, [(1, 50.0), (2, 100.0)])  # exactly the fraction fits
 
 
 def test_the_batch_probe_counts_the_widest_step_and_the_optimizer_state():
@@ -689,6 +691,9 @@ def test_the_batch_probe_counts_the_widest_step_and_the_optimizer_state():
     model(torch.zeros(1, 2, dtype=torch.long))[0].sum().backward()
     optimizer.step()
     assert optimizer_state_bytes(optimizer) == 0  # a measured peak holds them already
+    model.transformer.wpe.weight.requires_grad_(False)  # a frozen parameter gets no moments
+    frozen = model.transformer.wpe.weight.numel()
+    assert optimizer_state_bytes(torch.optim.AdamW(model.parameters())) == 8 * (n - frozen)
     r = Rollout([None] * 2, [[1, 2], [3]], [[5], [6, 7, 8]], ["a", "b"])
     assert run_to_the_limit(r, 4, 0).completions == [[5, 0, 0, 0], [6, 7, 8, 0]]
 
