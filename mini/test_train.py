@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -199,6 +200,8 @@ def test_a_short_run_writes_everything(tiny, tmp_path):
     assert len(read_jsonl(run / "samples.jsonl")) == 6 * 2
     log = (run / "train.log").read_text()
     assert "Step 6 | Loss" in log and "| P/E " in log
+    best = [float(b) for b in re.findall(r"\(best ([0-9.-]+)\)", log)]  # the log line's best: the running maximum
+    assert best == pytest.approx([max(m["reward_mean"] for m in metrics[:i]) for i in range(1, 7)], abs=5e-4)
     assert json.loads((run / "config.json").read_text())["steps"] == 6
     assert {"recovery.pt", "stable.pt", "step_000006.pt"} <= set(os.listdir(run / "checkpoints"))
     assert sorted(f for f in os.listdir(run / "checkpoints") if f.startswith("step_")) == [
