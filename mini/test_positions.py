@@ -3,6 +3,7 @@ length, the held-out split of `annotate.py --games`, and P: prompts at both padd
 
     python mini/test_positions.py
 """
+import collections
 import itertools
 import json
 import math
@@ -175,23 +176,23 @@ def test_build_is_deterministic_and_excludes():
 def test_build_mates_keeps_at_most_per_game_positions_of_a_game(monkeypatch, per_game):
     """Each position kept is traced to the game it was found in (a game starts at ply 0): no game gives more
     than per_game, and games with more mates than that give exactly per_game (the cap binds, it is not a floor)."""
-    game_of, games = {}, []
+    game_of, mates_in = {}, []  # fen -> its game's number (from 1); mate-in-one positions met in each game
     mating_moves = positions.mating_moves
 
     def traced(board):
-        games.append(0) if board.ply() == 0 else None
+        if board.ply() == 0:
+            mates_in.append(0)
         mates = mating_moves(board)
         if mates:
-            game_of[board.fen()] = len(games)
-            games[-1] += 1
+            game_of[board.fen()] = len(mates_in)
+            mates_in[-1] += 1
         return mates
     monkeypatch.setattr(positions, "mating_moves", traced)
     kept = build_mates(12, seed=5, max_plies=120, per_game=per_game)
-    per = {}
-    for r in kept:
-        per[game_of[r["fen"]]] = per.get(game_of[r["fen"]], 0) + 1
+    per = collections.Counter(game_of[r["fen"]] for r in kept)
     assert max(per.values()) == per_game and len(kept) == 12
-    assert all(per[g] == per_game for g in per if games[g - 1] >= per_game and g < len(games))
+    # the last game may be cut short by n
+    assert all(per[g] == per_game for g in per if mates_in[g - 1] >= per_game and g < len(mates_in))
 
 
 QGD_10 = "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6 c1g5 f8e7 e2e3 e8g8".split()  # Black castles
