@@ -110,6 +110,11 @@ MUTANTS = [
     Mutant("logprob_pass_entropy_unnormalised", "the entropy metric of the log-prob pass skips dividing by Σ e",
            "logprobs.py", "ent.append(lse[-1] - (e.mul_(c)).sum(-1) / z)", "ent.append(lse[-1] - (e.mul_(c)).sum(-1))",
            ("mini/test_grpo.py", METRICS)),
+    Mutant("fused_head_ignores_autocast", "under bf16 autocast the fused head computes the log-probs' logits in fp32, "
+           "not in the sampler's bf16: a KL above 0 at step 1", "logprobs.py",
+           "return cls(h, weight, fused, torch.get_autocast_dtype(h.device.type) if on else None)",
+           "return cls(h, weight, fused, None)",
+           ("mini/test_train.py::test_the_reference_in_bf16_gives_a_kl_of_exactly_0_at_step_1",)),
     Mutant("micro_batch_drops_last_column", "a trimmed micro-batch loses its longest completion's last column (its EOS)",
            "rollout.py", "round_up(max(comp[j] for j in rows), self.bucket),", "round_up(max(comp[j] for j in rows), self.bucket) - 1,",
            (REFERENCE,)),
@@ -201,6 +206,11 @@ MUTANTS = [
     Mutant("all_max_is_min", "--auto_batch_size under torchrun judges a size by the rank with the least memory used",
            "distributed.py", "return _reduce(x, dist.ReduceOp.MAX)", "return _reduce(x, dist.ReduceOp.MIN)",
            COLLECTIVES),
+    Mutant("all_sum_tensor_dtype", "a tensor summed over the ranks comes back in float64, not its own dtype",
+           "distributed.py", "return t.to(x.device, x.dtype) if torch.is_tensor(x) else t.item()",
+           "return t.to(x.device) if torch.is_tensor(x) else t.item()", COLLECTIVES),
+    Mutant("all_sum_in_place", "all_sum of a float64 CPU tensor overwrites the caller's tensor with the sum",
+           "distributed.py", ".to(_device, copy=True)", ".to(_device)", COLLECTIVES),
     # rewards (mini/reward_scorer.py)
     Mutant("pool_reorders_chunks", "the scoring pool returns its workers' chunks in reverse order",
            "reward_scorer.py", "return [f.result() for f in futures]", "return [f.result() for f in futures[::-1]]",
@@ -1410,6 +1420,13 @@ MUTANTS = [
            "plots.py", "rows = [r for r in rows if any(p in r for p in phases)]",
            "rows = list(rows)",
            ("mini/test_plots.py::test_held_out_points_sit_at_their_steps_and_overlaid_runs_differ_in_colour",)),
+    Mutant("plots_window_of_shortest", "overlaid runs are smoothed over a tenth of the shortest run, not the longest",
+           "plots.py", "window = max(1, round(max(len(rows) for rows in runs.values()) / 10))",
+           "window = max(1, round(min(len(rows) for rows in runs.values()) / 10))",
+           ("mini/test_plots.py::test_the_rolling_window_is_a_tenth_of_the_longest_run",)),
+    Mutant("plots_every_panel_smoothed", "KL, grad norm and the other unsmoothed panels get a rolling mean too",
+           "plots.py", "draw_lines(ax, runs, keys, window if smooth else 0)", "draw_lines(ax, runs, keys, window)",
+           ("mini/test_plots.py::test_training_figure_panels_and_overlaid_runs",)),
 ]
 
 

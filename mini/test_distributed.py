@@ -74,8 +74,11 @@ def collectives(out_dir):
     """Each rank's answers from the collective helpers, with rank-dependent inputs, written to out_dir/rank<r>.json."""
     distributed.setup(torch.device("cpu"))
     r = distributed.rank()
+    mine = torch.tensor([r, 2.0 * r], dtype=torch.float64)  # float64 on the CPU: the sum's own dtype and device
+    summed = distributed.all_sum(mine)
+    half = distributed.all_sum(torch.tensor([0.5 + r], dtype=torch.float16))
     got = [distributed.any_rank(r == 1), distributed.any_rank(False), distributed.all_max([3.0, float("inf")][r]),
-           distributed.all_sum(r + 1.0), distributed.all_sum(torch.tensor([r, 2.0 * r])).tolist(),
+           distributed.all_sum(r + 1.0), summed.tolist(), mine.tolist() == [r, 2.0 * r], str(half.dtype),
            distributed.gather(r), distributed.from_main(f"rank {r}")]
     with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
         json.dump(got, f)
@@ -170,9 +173,10 @@ def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_pa
 def test_the_collectives_of_two_ranks(tmp_path):
     """any_rank is True on every rank when one rank says so (a stop signal, the time limit), all_max the larger
     (a rank out of memory reports inf to --auto_batch_size), all_sum the sum, gather every rank's in rank order,
-    from_main rank 0's; without torchrun each returns its own input."""
+    from_main rank 0's; without torchrun each returns its own input. A tensor's sum is a new tensor of its dtype:
+the rank's own is left as it was."""
     assert finish(torchrun("collectives", [str(tmp_path)])) == 0
-    want = [True, False, float("inf"), 3.0, [1.0, 2.0], [0, 1], "rank 0"]
+    want = [True, False, float("inf"), 3.0, [1.0, 2.0], True, "torch.float16", [0, 1], "rank 0"]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [want, want]
     assert (distributed.any_rank(True), distributed.any_rank(0), distributed.all_max(2.5), distributed.all_sum(4.0),
             distributed.gather("x"), distributed.from_main(7)) == (True, False, 2.5, 4.0, ["x"], 7)

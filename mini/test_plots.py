@@ -64,11 +64,17 @@ def test_training_figure_panels_and_overlaid_runs():
     bold = [line for line in reward.get_lines() if line.get_label() == "run-b"][0]
     assert list(bold.get_xdata()) == list(range(1, 21))
     assert bold.get_ydata()[1] == pytest.approx((0.22 + 0.24) / 2)  # the mean of steps 1 and 2 (0.1 + 0.02 s + 0.1)
+    assert len(fig.axes[4].get_lines()) == 2  # KL: a line per run, no rolling mean beside it
     assert line_labels(fig.axes[7]) == [f"run-{r}: {k}" for r in "ab"
                                         for k in ("clip_frac", "clip_low_frac", "clip_high_frac", "zero_var_share")]
     time_a = fig.axes[10]
     assert [t.get_text() for t in time_a.get_legend().get_texts()] == plots.PHASES  # time_step is not stacked
     assert len(time_a.collections) == 4
+
+
+def test_the_rolling_window_is_a_tenth_of_the_longest_run():
+    runs = {"long": synthetic_rows(40), "short": synthetic_rows(10)}
+    assert plots.training_figure(runs).axes[0].get_title() == "reward, rolling mean of 4"
 
 
 def test_absent_keys_are_skipped_and_one_run_labels_by_key():
