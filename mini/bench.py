@@ -135,6 +135,30 @@ def guarded(out, name, fn, *args):
         print(f"{name} comparison failed: {out[f'{name}_error']}")
 
 
+def update_flops(body, wte, prompt_tokens, comp_tokens, k, iterations, fused):
+    """(executed, nominal) FLOPs of a step's update, at 6 per parameter and token (forward and backward): body
+    the parameters but the tied embedding wte, which counts once, as the output layer of the completion tokens;
+    prompt_tokens and comp_tokens summed over the rows, k rows a prompt, `iterations` passes over them. Nominal:
+    every row's prompt through the body. Executed: each group's prompt once (completion_hidden), and with a
+    fused head 8 per output-layer weight and token (its logits computed again in the backward)."""
+    nominal = 6 * (body * (prompt_tokens + comp_tokens) + wte * comp_tokens) * iterations
+    executed = (6 * body * (prompt_tokens / k + comp_tokens) + (8 if fused else 6) * wte * comp_tokens) * iterations
+    return executed, nominal
+
+
+def decode_token_bytes(weight_bytes, kv, rows, k, prompt_tokens, new_tokens, shared):
+    """(ideal, as read) bytes one decode token moves, on average over the new_tokens - 1 decode steps: the
+    weights, and kv bytes per cached column of a row. The ideal decoder reads every row's prompt (prompt_tokens
+    summed over the rows) and half its completion on average; as read with the shared prefix (SharedPrefixCache),
+    each group's prompt once and each row's completion columns up to the step's width bucket; without it every
+    row's copy of its prompt and every preallocated column."""
+    ideal = weight_bytes + kv * (prompt_tokens + rows * new_tokens / 2)
+    if shared:
+        width = statistics.mean(min(round_up(t + 1, WIDTH_BUCKET), new_tokens) for t in range(new_tokens - 1))
+        return ideal, weight_bytes + kv * (prompt_tokens / k + rows * width)
+    return ideal, weight_bytes + kv * (prompt_tokens + rows * new_tokens)
+
+
 def ours(a, cfg, device):
     """Our figures (the dict step prints and writes), and the Trainer, from --steps timed Trainer.train_step
     calls after one warm-up step."""
@@ -156,21 +180,13 @@ def ours(a, cfg, device):
     model, c = tr.model, tr.model.config
     wte = model.transformer.wte.weight.numel()
     body = model.num_params() - wte  # the tied embedding counted once, as the output projection
-    nominal = 6 * (body * (prompt_tokens + comp_tokens) + wte * comp_tokens) * cfg.num_iterations
-    # as executed: each group's prompt once (completion_hidden), the fused head's logits twice in backward
-    flops = ((6 * body * (prompt_tokens / a.k + comp_tokens)) + (8 if cfg.fused_logprobs else 6) * wte * comp_tokens) \
-        * cfg.num_iterations
+    flops, nominal = update_flops(body, wte, prompt_tokens, comp_tokens, a.k, cfg.num_iterations, cfg.fused_logprobs)
     tflops, nominal_tflops = flops / phases["update"] / 1e12, nominal / phases["update"] / 1e12
     peak_tflops = a.peak_tflops or device_peak(PEAK_TFLOPS, device)
     b = 2 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else 4  # bytes per weight and cached value
     kv = 2 * c.n_layer * c.n_embd * b  # bytes of one cached column of one row
-    decode_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens / 2)  # the ideal decoder's
-    # as read: each group's prompt once, each row's completion in width buckets
-    if shares_prefix(cfg.shared_prefix_decode, device):
-        width = statistics.mean(min(round_up(t + 1, WIDTH_BUCKET), a.new_tokens) for t in range(a.new_tokens - 1))
-        read_bytes = b * model.num_params() + kv * (prompt_tokens / a.k + n * width)
-    else:  # as read: every row's copy of its prompt and every preallocated column
-        read_bytes = b * model.num_params() + kv * n * (prompt_tokens / n + a.new_tokens)
+    decode_bytes, read_bytes = decode_token_bytes(b * model.num_params(), kv, n, a.k, prompt_tokens, a.new_tokens,
+                                                  shares_prefix(cfg.shared_prefix_decode, device))
     token_s = phases["generate"] / a.new_tokens
     gbps, read_gbps = decode_bytes / token_s / 1e9, read_bytes / token_s / 1e9
     peak_gbps = a.peak_gbps or device_peak(PEAK_GBPS, device)
