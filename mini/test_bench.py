@@ -122,10 +122,6 @@ def test_sampler_and_scoring_modes(tmp_path, capsys):
         assert capsys.readouterr().out.count("(4 completions, scored in-process)") == 3  # --score_workers -1 on a CPU
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_update_flops_and_decode_bytes_by_hand():
     # 8 rows in groups of 4: 40 prompt and 80 completion tokens in all, 2 passes; 100 body and 50 embedding weights
     assert bench.update_flops(100, 50, 40, 80, 4, 2, fused=False) == ((6 * 100 * (10 + 80) + 6 * 50 * 80) * 2,
@@ -136,3 +132,7 @@ def test_update_flops_and_decode_bytes_by_hand():
     assert ideal == 2000 + 10 * (40 + 8 * 20)
     assert shared == pytest.approx(2000 + 10 * (40 / 4 + 8 * (16 * 16 + 16 * 32 + 7 * 40) / 39))
     assert bench.decode_token_bytes(2000, 10, 8, 4, 40, 40, shared=False) == (4000, 2000 + 10 * (40 + 8 * 40))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

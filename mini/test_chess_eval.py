@@ -549,13 +549,13 @@ def test_chess_eval_flags_are_checked(capsys, argv, message):
     assert ce.parse_args(["--sf_skill", "20"])[1].sf_skill == 20
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_table_counts_the_values_a_mean_is_over(capsys):
     """The n beside a mean over legal answers only is the number of legal answers, not of positions."""
     ce.print_table({"metrics": {"chess_cpl_legal": 100.0, "chess_cpl": 775.0}, "skipped": {}, "seconds": {},
                     "values": {"chess_cpl_legal": [None, None, None, 100.0], "chess_cpl": [1000, 1000, 1000, 100]}})
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:-1]}
     assert rows == {"chess_cpl_legal": ["100.0000", "1"], "chess_cpl": ["775.0000", "4"]}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

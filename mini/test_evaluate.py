@@ -535,7 +535,6 @@ def test_paired_bootstrap_pairs_prompts_and_shares_draws():
     assert ev.paired_bootstrap({"other": y, "x": x}, {"other": x, "x": y})["x"] == alone
 
 
-
 def garbage_then_labels(tmp_path):
     """Two reports on 3 + 3 shipped held-out prompts: every completion garbage, then every one the label."""
     samples, paths = ev.held_out_samples(3), []
@@ -566,10 +565,6 @@ def test_compare_plot(tmp_path, capsys):
     assert "--plot goes with --compare" in capsys.readouterr().err
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket():
     """eval_games.jsonl stores its A: transitions bucket by bucket: --n 30 takes 10 of each, in the file's order,
     and --n 600 takes the file as it is (so that reports made before pair with those made now)."""
@@ -579,3 +574,7 @@ def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket
     assert buckets == ["1-2"] * 10 + ["3-5"] * 10 + ["6-10"] * 10
     assert [stored.index(s) for s in taken] == sorted(stored.index(s) for s in taken)
     assert [s for s in ev.held_out_samples(600, path=REAL_EVAL_PATH) if s.task == "A"] == stored
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

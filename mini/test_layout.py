@@ -64,6 +64,15 @@ def test_the_library_imports_no_tool(name):
     assert not tools, f"library module {name}.py imports the tool(s) {sorted(tools)}: move what it needs into the library"
 
 
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(HERE, "test_*.py"))), ids=os.path.basename)
+def test_a_test_file_runs_on_its_own_and_ends_with_that(path):
+    """`python mini/test_X.py` runs the file's tests through its `if __name__ == "__main__"` block, the file's
+    last statement: a test is never appended below the entry point, where a reader stops."""
+    body = ast.parse(open(path, encoding="utf-8").read()).body
+    guards = [i for i, node in enumerate(body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    assert guards == [len(body) - 1], f"{os.path.basename(path)}: end the file with one __main__ block, after every test"
+
+
 def test_every_mutant_still_applies():
     """mutants.py's old texts each occur exactly once in their files, and the tests named to catch each exist: a
     change that moves one or renames a test makes it stale, and a stale mutant tests nothing (python

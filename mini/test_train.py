@@ -17,12 +17,14 @@ import io
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -37,8 +39,9 @@ from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import MicroBatch, Rollout
-from mini.runs import load_checkpoint
-from mini.runtime import PhaseTimer, lr_factor, peak_memory_mb, score_workers, seed_everything
+from mini.runs import StopRun, load_checkpoint
+from mini.runtime import (PhaseTimer, lr_factor, peak_memory_mb, rng_state, score_workers, seed_everything,
+                          set_rng_state)
 from mini.tokenizer import Tokenizer
 
 TIMING = ("time_", "peak_mem_mb")
@@ -548,6 +551,17 @@ def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert saved == ["step_000002.pt"]
 
 
+def test_a_negative_kl_beyond_the_threshold_stops_the_run_too():
+    """--kl_threshold bounds |KL|: the k1 estimator's mean (log-ratio) can run away below zero."""
+    saved = []
+    trainer = types.SimpleNamespace(cfg=Config(kl_threshold=0.1, eval_every=0, save_every=0), step=3, best_reward=0.0,
+                                    main=False, save_regular=lambda: saved.append("regular"))
+    train.Trainer.finish_step(trainer, {"reward_mean": 0.5, "kl": -0.05}, None, None)  # within: the run goes on
+    with pytest.raises(StopRun, match=r"KL -0.2000 exceeds --kl_threshold 0.1 at step 3"):
+        train.Trainer.finish_step(trainer, {"reward_mean": 0.5, "kl": -0.2}, None, None)
+    assert saved == ["regular"] and trainer.best_reward == 0.5
+
+
 def start_and_wait_for_a_step(tiny, tmp_path, run):
     proc = subprocess.Popen([sys.executable, "-m", "mini.train", *args(tiny, tmp_path, run, 1000, "--save_every", "0")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -728,13 +742,29 @@ def test_damaged_checkpoint_is_refused(tmp_path):
         load_checkpoint(str(path))
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_largest_seed_plus_a_rank_still_seeds_numpy():
     """--seed 2**32 - 1 is valid, and torchrun's rank 1 seeds seed + 1: numpy takes it modulo 2**32."""
     seed_everything(2**32)
     wrapped = np.random.random()
     seed_everything(0)
     assert np.random.random() == wrapped
+
+
+def test_seed_everything_seeds_every_generator_and_their_state_round_trips():
+    """python, numpy and torch each repeat after the same seed; rng_state taken mid-way (numpy inside its key
+    block) and set back after more draws gives the same draws again, as a resumed run needs."""
+    draws = lambda: (random.random(), np.random.random(3).tolist(), torch.rand(2).tolist())
+    seed_everything(5)
+    first = draws()
+    seed_everything(5)
+    assert draws() == first
+    state = rng_state()
+    want = draws()
+    draws()
+    set_rng_state(state)
+    assert draws() == want
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
+
