@@ -64,6 +64,7 @@ BAD = [
     (["--run_name", "\u00e9" * 128], "is 256 bytes long, more than the 255"),  # bytes, not characters
     (["--model_path", "./no/such/model"], "does not exist"),
     (["--model_path", "a/b/c"], "does not exist"),  # deeper than owner/name: a path
+    (["--model_path", "no_such_model"], "does not exist"),  # no owner/: a local name, not a hub id
     (["--steps", "100", "--warmup_steps", "10", "--decay_steps", "95"],
      "--warmup_steps 10 and --decay_steps 95 leave no step of --steps 100"),  # a jump from 1 to 0.095 at step 10
     (["--steps", "20", "--warmup_steps", "10", "--decay_steps", "10"],

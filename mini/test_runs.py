@@ -321,6 +321,7 @@ def test_resume_config_applies_runtime_flags_and_refuses_defining_ones():
 @pytest.mark.parametrize("saved,message", [
     ([1, 2], "it holds a list, not the run's settings"),
     ({"lr": "fast"}, 'it holds a setting no flag could give: --lr "fast" must be a number'),
+    ({"lr": True}, "--lr true must be a number"),  # JSON's true is a bool, which Python counts as 1
     ({"steps": 2.5}, "--steps 2.5 must be a whole number"),
     ({"bf16": "yes"}, '--bf16 "yes" must be true or false'),
     ({"run_name": 7}, "--run_name 7 must be text"),
