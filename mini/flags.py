@@ -135,7 +135,10 @@ def missing_files(values):
         names = (v(flag) or "").split(",")
         if v(flag) and "" in names:  # "a.jsonl," would name the file "" and fail later, unclearly
             out.append(f"--{flag} {v(flag)!r} has an empty name between its commas; list the files as a.jsonl,b.jsonl")
-        missing = [path for path in names if path and not os.path.isfile(path)]
+        folders = [path for path in names if path and os.path.isdir(path)]
+        missing = [path for path in names if path and not os.path.isfile(path) and path not in folders]
+        if folders:
+            out.append(f"--{flag} {', '.join(folders)} is a folder; name its JSONL files, comma-separated")
         if missing:
             out.append(f"--{flag} {', '.join(missing)}: no such file")
     for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):

@@ -265,6 +265,11 @@ def test_grpo_loss_terms_and_on_policy_default():
         assert metrics["entropy"] == pytest.approx((ent_t * mask).sum().item() / mask.sum().item())
     _, m_no_ref = grpo_loss(logits, ids, mask, adv)
     assert "kl" not in m_no_ref
+    values, returns = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)  # the critic at --value_coef
+    critic_loss, critic = grpo_loss(logits, ids, mask, adv, LossSettings(value_coef=0.4), values=values,
+                                    old_values=values, returns=returns)
+    assert critic_loss.item() == pytest.approx(critic["policy_loss"].item() + 0.4 * critic["value_loss"].item(),
+                                               abs=1e-6)
 
 
 def test_k3_from_reference_logits_is_taken_at_the_temperature():
