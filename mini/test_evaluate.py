@@ -222,12 +222,15 @@ def test_hand_computed():
 
 def test_reward_mae_clips_the_answered_reward_and_eval_mae_takes_a_repeats_last_eval():
     """An A: reward lies in [-1, 1]: an answered 5.0 for the label 0.001 is 0.999 off, -3 is 1.001 off, 0.5 is 0.499.
-    A P: move named twice counts once, with its last eval, as in the reward: b3b5 (-0.8) said 2.0 then -0.8."""
+    A P: move named twice counts once, with its last eval, as in the reward: b3b5 (-0.8) said 2.0 then -0.8, and
+    once among the moves whose legality top5_legal counts."""
     s = env_sample(chess.STARTING_FEN, "e2e4", ["e2e4"])
     answers = [f"{s.next_fen}+{r}+0+0" for r in ("5.0", "-3", "0.5", "0.001")]
     assert ev.per_sample_values([s] * 4, answers)["eval_A_reward_mae"] == pytest.approx([0.999, 1.001, 0.499, 0.0])
     p = parse_line(P_LINES[0])
     assert ev.per_sample_values([p], [" M: b3b5 b3b5 E: 2.0 -0.8 B: b3b5"])["eval_P_eval_mae"] == [0.0]
+    named_twice = ev.per_sample_values([p], [" M: b3b5 b3b5 a1a1 E: 2.0 -0.8 0.1 B: b3b5"])  # one legal of two moves
+    assert named_twice["eval_P_top5_legal"] == [0.5]
 
 
 def test_engine_quality_is_the_reward_function():
