@@ -320,6 +320,7 @@ def test_load_mates_refuses_a_file_without_mates(tmp_path):
     with pytest.raises(ValueError, match=f"{header_only} holds no mate-in-one position; regenerate it"):
         load_mates(str(header_only))
     assert load_mates(n=2) == [json.loads(line) for line in open(MATE_PATH).readlines()[1:3]]
+    assert len(load_mates()) == sum('"fen"' in line for line in open(MATE_PATH)) == 1000  # n=None: every position
 
 
 def test_compare_counts_a_way_of_ending_one_report_lacks_as_none(tmp_path):

@@ -74,7 +74,8 @@ def test_a_test_file_runs_on_its_own_and_ends_with_that(path):
 
 
 def test_every_mutant_still_applies():
-    """mutants.py's old texts each occur exactly once in their files, and the tests named to catch each exist: a
+    """mutants.py's names are unique, its old texts each occur exactly once in their files, and the tests named to
+    catch each exist: a
     change that moves one or renames a test makes it stale, and a stale mutant tests nothing (python
     mini/mutants.py NAME then runs it)."""
     from mini.mutants import MUTANTS
@@ -93,6 +94,8 @@ def test_every_mutant_still_applies():
             path, _, function = test.partition("::")
             if not source(path) or (function and f"def {function.split('[')[0]}(" not in source(path)):
                 unknown_tests.append(f"{m.name}: {test}")
+    names = [m.name for m in MUTANTS]
+    assert len(set(names)) == len(names), f"mutants named twice: {sorted({n for n in names if names.count(n) > 1})}"
     assert not stale, f"stale mutants (their old text is gone or not unique): {stale}"
     assert not unknown_tests, f"mutants naming tests that do not exist: {unknown_tests}"
 
