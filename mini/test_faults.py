@@ -405,6 +405,7 @@ def test_a_run_directory_given_as_the_model_says_where_the_model_is(tiny, tmp_pa
     ("vocab.json", "{", "vocab.json is damaged: not a GPT-2 vocabulary"),
     ("vocab.json", '["a", "b"]', "vocab.json is damaged: not a GPT-2 vocabulary"),
     ("vocab.json", '{"a": "0"}', "vocab.json is damaged: not a GPT-2 vocabulary"),
+    ("vocab.json", '{"a": 0, "b": 2}', "vocab.json is damaged: not a GPT-2 vocabulary"),  # an id missing
     ("merges.txt", "#version: 0.2\nĠ t x\n", "merges.txt: merge 0 (Ġ t x) does not create token 256; the file is damaged"),
 ])
 def test_damaged_tokenizer_files(tiny, tmp_path, capsys, file, text, message):
