@@ -174,7 +174,7 @@ def test_the_collectives_of_two_ranks(tmp_path):
     """any_rank is True on every rank when one rank says so (a stop signal, the time limit), all_max the larger
     (a rank out of memory reports inf to --auto_batch_size), all_sum the sum, gather every rank's in rank order,
     from_main rank 0's; without torchrun each returns its own input. A tensor's sum is a new tensor of its dtype:
-the rank's own is left as it was."""
+    the rank's own is left as it was."""
     assert finish(torchrun("collectives", [str(tmp_path)])) == 0
     want = [True, False, float("inf"), 3.0, [1.0, 2.0], True, "torch.float16", [0, 1], "rank 0"]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [want, want]

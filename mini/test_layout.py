@@ -75,9 +75,8 @@ def test_a_test_file_runs_on_its_own_and_ends_with_that(path):
 
 def test_every_mutant_still_applies():
     """mutants.py's names are unique, its old texts each occur exactly once in their files, and the tests named to
-    catch each exist: a
-    change that moves one or renames a test makes it stale, and a stale mutant tests nothing (python
-    mini/mutants.py NAME then runs it)."""
+    catch each exist: a change that moves one or renames a test makes it stale, and a stale mutant tests nothing
+    (python mini/mutants.py NAME then runs it)."""
     from mini.mutants import MUTANTS
     sources = {}  # file under the repository root -> its text ("" when it does not exist), each read once
 
