@@ -4,10 +4,16 @@ over to finish its step and save (mini/runs.py), so after that test the signal i
 Under `pytest -n N` (pytest-xdist, the README's command) each worker, and every process a test starts, gets its
 share of the cores: N workers of torch's default thread count each would fight over the same cores. And the
 files are handed out longest first (a file's length: the seconds its tests' `long(seconds)` marks declare),
-so that the workers share out the short files at the end instead of one finishing a long one alone."""
+so that the workers share out the short files at the end instead of one finishing a long one alone.
+
+A test that starts a run in the background takes it from `spawn`, which ends the run and whatever it started when
+the test ends: a test that fails (a timeout, an assertion) while its run is still going leaves nothing behind to
+take the cores from the tests after it."""
 import collections
+import contextlib
 import os
 import signal
+import subprocess
 
 import pytest
 import torch
@@ -42,3 +48,18 @@ def signals_stop_the_suite(request):
         raise KeyboardInterrupt  # pytest stops the session and reports what ran
     signal.signal(caught[0], signal.SIG_DFL)  # SIGTERM: the process ends as it would have without the run
     os.kill(os.getpid(), caught[0])
+
+
+@pytest.fixture
+def spawn():
+    """subprocess.Popen(cmd, **kwargs) in a process group of its own; the group is killed when the test ends."""
+    started = []
+
+    def start(cmd, **kwargs):
+        started.append(subprocess.Popen(cmd, start_new_session=True, **kwargs))
+        return started[-1]
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()  # reaps it and closes its pipes

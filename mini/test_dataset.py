@@ -388,12 +388,13 @@ def test_replay_buffer():
     nxt.add_next(parse_line(A_LINES[0].replace("+0.001+0+0", "+0.001+0+1")))  # truncated: nothing new
     assert [f for f, _ in nxt.items.values()] == ["8/5k2/r2p1bp1/PR5p/2p5/P5P1/3B1K1P/8 b - - 1 44",
                                                   "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18"]
-    assert list(nxt.items.values())[1][1][-1] == "a3c5"
+    assert [history[-1] for _, history in nxt.items.values()] == ["b3b5", "a3c5"]  # the move that led there
 
 
 def test_no_training_prompt_shows_a_held_out_position():
     """A pool position one move (a8b8) from an eval position: the replay buffer refuses the eval position, and an
-    A: prompt of that move is drawn again, so neither an A: prompt nor an A: completion shows it."""
+    A: prompt of that move is drawn again, by the pool and by the stream of --data_source generate, so neither an
+    A: prompt nor an A: completion shows it."""
     fen = "r1bqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R b KQkq - 1 4"
     held_out = held_out_keys()
     assert position_key("1rbqkb1r/pppppp1p/2n2p2/8/8/5N2/PPPPPPPP/R1BQKB1R w KQk - 2 5") in held_out
@@ -402,6 +403,10 @@ def test_no_training_prompt_shows_a_held_out_position():
     buf.add_next(env_sample(fen, "a8b8", ["a8b8"]))  # train.py adds every drawn sample's next position
     assert len(buf) == 0
     draws = PoolSource([policy_sample(fen, ["a8b8"], [0.0])], env_ratio=1.0, seed=0, buffer=buf).draw(300)
+    assert len(draws) == 300 and "a8b8" not in {s.move for s in draws}
+    stream = StreamSource(LabelsAhead(), env_ratio=1.0, seed=0)
+    stream.recent.append((fen, []))
+    draws = stream.draw(300)
     assert len(draws) == 300 and "a8b8" not in {s.move for s in draws}
 
 

@@ -38,12 +38,12 @@ STEP_SETTINGS = {  # the global normalisers and statistics each setting divides 
 WORKER = "import sys; from mini.test_distributed import worker; sys.exit(worker(sys.argv[1], sys.argv[2:]))"
 
 
-def torchrun(mode, argv, env=None, nproc=2):
-    """`torchrun --standalone --nproc_per_node nproc` of worker(mode, argv), started: a Popen."""
+def torchrun(spawn, mode, argv, env=None, nproc=2):
+    """`torchrun --standalone --nproc_per_node nproc` of worker(mode, argv), started by the `spawn` fixture: a Popen."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "--no-python",
            sys.executable, "-c", WORKER, mode, *argv]
-    return subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return spawn(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc, check=True):
@@ -135,9 +135,9 @@ def fixed_step(cfg):
 
 @pytest.mark.parametrize("setting", STEP_SETTINGS)
 @pytest.mark.long(35)
-def test_two_ranks_take_the_step_of_one_process(tiny, tmp_path, setting):
+def test_two_ranks_take_the_step_of_one_process(spawn, tiny, tmp_path, setting):
     argv = args(tiny, tmp_path, "two", 1, "--batch_size", str(PROMPTS), "--k_samples", str(K), *STEP_SETTINGS[setting])
-    assert finish(torchrun("step", argv)) == 0
+    assert finish(torchrun(spawn, "step", argv)) == 0
     assert worker("step", argv[:argv.index("--run_name") + 1] + ["one"] + argv[argv.index("--run_name") + 2:]) == 0
     a, b = (torch.load(tmp_path / run / "result.pt", weights_only=True) for run in ("one", "two"))
     for part in ("model", "value_head"):
@@ -149,16 +149,16 @@ def test_two_ranks_take_the_step_of_one_process(tiny, tmp_path, setting):
 
 
 @pytest.mark.long(60)
-def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_path):
+def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(spawn, tiny, tmp_path):
     argv = lambda run: args(tiny, tmp_path, run, STEPS, *FULL_STATE, "--dynamic_sampling")  # each rank fills its share
-    assert finish(torchrun("run", argv("straight"), env={"NAN_ON_RANK_1": "1"})) == 0
-    killed = torchrun("run", argv("killed"), env={"NAN_ON_RANK_1": "1", "KILL_AFTER_STEP": "5"})
+    assert finish(torchrun(spawn, "run", argv("straight"), env={"NAN_ON_RANK_1": "1"})) == 0
+    killed = torchrun(spawn, "run", argv("killed"), env={"NAN_ON_RANK_1": "1", "KILL_AFTER_STEP": "5"})
     assert finish(killed, check=False) != 0
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(killed.pid, signal.SIGKILL)  # whatever torchrun left behind
+        os.killpg(killed.pid, signal.SIGKILL)  # whatever torchrun left behind, before the resumed run starts
     run = tmp_path / "killed"
     assert not (run / "final").exists() and len(read_jsonl(run / "metrics.jsonl")) >= 4
-    assert finish(torchrun("run", ["--log_dir", str(tmp_path), "--run_name", "killed", "--auto_resume"])) == 0
+    assert finish(torchrun(spawn, "run", ["--log_dir", str(tmp_path), "--run_name", "killed", "--auto_resume"])) == 0
     rows = without_timing(read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
     assert without_timing(read_jsonl(run / "metrics.jsonl")) == rows and len(rows) == STEPS
     assert all(row["ds_groups_kept"] == 2 for row in rows)  # dynamic sampling filled the global batch
@@ -170,23 +170,23 @@ def test_two_ranks_killed_and_resumed_end_like_an_uninterrupted_run(tiny, tmp_pa
     assert ranks[0]["sampler"] != ranks[1]["sampler"]
 
 
-def test_the_collectives_of_two_ranks(tmp_path):
+def test_the_collectives_of_two_ranks(spawn, tmp_path):
     """any_rank is True on every rank when one rank says so (a stop signal, the time limit), all_max the larger
     (a rank out of memory reports inf to --auto_batch_size), all_sum the sum, gather every rank's in rank order,
     from_main rank 0's; without torchrun each returns its own input. A tensor's sum is a new tensor of its dtype:
     the rank's own is left as it was."""
-    assert finish(torchrun("collectives", [str(tmp_path)])) == 0
+    assert finish(torchrun(spawn, "collectives", [str(tmp_path)])) == 0
     want = [True, False, float("inf"), 3.0, [1.0, 2.0], True, "torch.float16", [0, 1], "rank 0"]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [want, want]
     assert (distributed.any_rank(True), distributed.any_rank(0), distributed.all_max(2.5), distributed.all_sum(4.0),
             distributed.gather("x"), distributed.from_main(7)) == (True, False, 2.5, 4.0, ["x"], 7)
 
 
-def test_torchrun_with_one_process_is_the_plain_run(tiny, tmp_path):
+def test_torchrun_with_one_process_is_the_plain_run(spawn, tiny, tmp_path):
     """One process under torchrun is DDP-wrapped in a process group of one (what speedrun.sh times against
     the plain run): the same steps at the same seed."""
     argv = lambda run: args(tiny, tmp_path, run, 3, *FULL_STATE)
-    assert finish(torchrun("run", argv("torchrun"), nproc=1)) == 0
+    assert finish(torchrun(spawn, "run", argv("torchrun"), nproc=1)) == 0
     assert worker("run", argv("plain")) == 0
     assert "DistributedDataParallel" in open(tmp_path / "torchrun" / "train.log").read()
     plain, ddp = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("plain", "torchrun"))

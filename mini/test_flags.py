@@ -368,6 +368,9 @@ def test_generate_source_gets_depth_and_workers(tmp_path):
         assert s.pads == (89,)
     finally:
         s.close()
+    s = make_source(Config(data_source="generate", annotate_workers=1, seed=5), rank=2)  # torchrun rank 2's own stream
+    s.close()
+    assert s.seed == 7
 
 
 @pytest.mark.parametrize("pad, widths", [(None, {90}), ("90", {90}), ("89", {89}), ("both", {89, 90})])

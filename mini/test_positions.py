@@ -15,7 +15,7 @@ import pytest
 
 import mini.positions as positions
 from mini.annotate import game_env_records, game_positions, main as annotate_main, play_games, quotas
-from mini.config import MATE_PATH
+from mini.config import MATE_PATH, POOL_PATH
 from mini.dataset import PoolSource, load_jsonl, pad_policy, shipped_keys
 from mini.formats import UCI, legal_ucis, policy_prompt, policy_sample, position_key
 from mini.positions import (HISTORY_BUCKETS, build_mates, engine_move, game_fens, game_style, game_transitions,
@@ -80,6 +80,8 @@ def test_held_out_transitions_fill_every_history_bucket(games):
     rest = game_env_records(games, random.Random(1), exclude=keys)
     assert rest and not keys & {position_key(f) for f, _, _ in rest}
     assert min(len(h) for _, _, h in rest) == 1  # the games' own starts
+    k = len(games[0][0]) - 9  # the plies of the first game with 9 moves before them: in every bucket's reach
+    assert len(game_env_records(games[:1], random.Random(0), per_bucket=k)) == 3 * k  # a ply serves each bucket
     after = lambda f, m: position_key(board_after_move(chess.Board(f), chess.Move.from_uci(m)).fen())
     onto = {after(f, m) for f, m, _ in records if m in legal_ucis(f)}  # where the held-out moves lead
     led = game_env_records(games, random.Random(1), exclude=onto)
@@ -121,9 +123,12 @@ def test_a_further_pool_leaves_every_shipped_held_out_position_out(tmp_path, mon
     monkeypatch.setattr("mini.annotate.held_out_keys", dataset.held_out_keys)
     pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
     annotate_main(["--games", "2", "--eval_games", "0", "--pool", "20", "--transitions", "50", "--seed", "2",
-                   "--depth", "2", "--workers", "1", "--cache", "", "--pool_path", str(pool), "--eval_path", str(ev)])
+                   "--depth", "2", "--workers", "1", "--cache", "", "--pool_path", str(pool), "--eval_path", str(ev),
+                   "--cut_rate", "0"])
     samples = load_jsonl(str(pool))
     assert not ev.exists() and sum(s.task == "A" for s in samples) == 50
+    # --cut_rate 0: every transition has the whole history the game gives it, the move and up to 9 before it
+    assert all(len(s.history) == min(chess.Board(s.fen).ply(), 9) + 1 for s in samples if s.task == "A")
     assert not first & {position_key(f) for s in samples for f in (s.fen, s.next_fen) if f}
 
 
@@ -136,9 +141,29 @@ def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     assert sum(s.task == "A" for s in eval_samples) == 6 and sum(s.task == "A" for s in pool_samples) > 100
     held_out = shipped_keys([str(ev)])
     assert not held_out & {position_key(f) for s in pool_samples for f in (s.fen, s.next_fen) if f}
+    train_games = play_games("0-train", 2, "", 1, str(tmp_path))  # kept beside the pool: read back, not played
+    trained = {position_key(f) for moves, _ in train_games for f in game_fens(moves)} | shipped_keys([POOL_PATH])
+    assert not held_out & trained  # no held-out position (nor where its A: move leads) is one training reaches
     assert position_key(chess.STARTING_FEN) not in held_out  # in every game: it stays trainable
     assert any(s.fen == chess.STARTING_FEN for s in pool_samples if s.task == "A")
     assert json.loads(ev.read_text().splitlines()[0])["meta"]["generator"] == "mini.positions.play_game"
+
+
+def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch):
+    """Eval games that repeat the training games, or whose every position is in the shipped pool, leave the held-out
+    set empty (only its header is written): no held-out P: position or A: transition, nor where its move leads, is
+    a position of a training game or of the shipped pool."""
+    games = {tag: play_games(tag, 1, "", 1, str(tmp_path)) for tag in ("0-train", "0-eval")}
+    argv = ["--games", "1", "--eval_games", "1", "--pool", "5", "--eval", "10", "--eval_transitions", "30", "--depth",
+            "2", "--workers", "1", "--cache", "", "--pool_path", str(tmp_path / "pool.jsonl")]
+    monkeypatch.setattr("mini.annotate.play_games", lambda tag, *a: games["0-train"])  # eval games = training games
+    annotate_main(argv + ["--eval_path", str(tmp_path / "same.jsonl")])
+    assert len((tmp_path / "same.jsonl").read_text().splitlines()) == 1
+    monkeypatch.setattr("mini.annotate.play_games", lambda tag, *a: games[tag])
+    every_eval_position = {position_key(f) for moves, _ in games["0-eval"] for f in game_fens(moves)}
+    monkeypatch.setattr("mini.annotate.shipped_keys", lambda paths: every_eval_position)  # as if the pool held them
+    annotate_main(argv + ["--eval_path", str(tmp_path / "pooled.jsonl")])
+    assert len((tmp_path / "pooled.jsonl").read_text().splitlines()) == 1
 
 
 def test_played_games_are_kept_and_read_back(tmp_path, monkeypatch):
@@ -244,6 +269,71 @@ def test_env_samples_favour_game_ending_moves():
     fen, rng = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", random.Random(0)
     moves = [random_env_sample(fen, [], rng, illegal_rate=0.0, garbage_rate=0.0).move for _ in range(300)]
     assert 0.4 <= moves.count("a1a8") / 300 <= 0.66
+
+
+def test_an_illegal_move_breaks_the_check_rules_half_the_time_and_a_lost_position_gets_one():
+    """The illegal A: moves are half the time moves that break only the check rules (here the pinned Ne2's six
+    moves), else a random own piece to a random square (which names one of those six ~5% of the time): ~52%.
+    A position with no legal move (mated) gets an illegal move every time."""
+    fen, rng = "4r1k1/8/8/8/8/8/4N3/4K3 w - - 0 1", random.Random(0)
+    pinned = {m.uci() for m in chess.Board(fen).pseudo_legal_moves if m.from_square == chess.E2}
+    moves = [random_env_sample(fen, [], rng, illegal_rate=1.0, garbage_rate=0.0).move for _ in range(300)]
+    assert len(pinned) == 6 and 0.4 <= sum(m in pinned for m in moves) / 300 <= 0.65
+    mated = "rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3"  # fool's mate
+    assert all(random_env_sample(mated, [], rng).truncated for _ in range(20))
+
+
+@pytest.mark.parametrize("fen, value, square, mover, lost", [
+    ("4k3/8/8/2b5/8/R7/8/4K3 w - - 0 1", 3, chess.E3, None, False),  # a bishop takes a defended minor piece: even
+    ("4k3/8/8/2b5/8/R7/8/4K3 w - - 0 1", 5, chess.E3, None, True),   # a rook there is lost to the bishop
+    ("4k3/8/8/2b5/8/R7/8/4K3 w - - 0 1", 3, chess.E3, chess.A3, True),  # the rook moving there does not defend it
+    ("4k3/8/8/8/8/8/8/3RK3 w - - 0 1", 3, chess.D7, None, False),  # the king cannot take a defended piece
+    ("4k3/8/8/8/8/8/8/3RK3 w - - 0 1", 3, chess.F7, None, True),   # it takes a loose one
+    ("4k3/8/8/8/8/8/8/3RK3 w - - 0 1", 3, chess.B5, None, False),  # an unattacked square
+])
+def test_a_piece_is_lost_where_a_cheaper_piece_or_any_piece_unopposed_takes_it(fen, value, square, mover, lost):
+    assert positions._loses(chess.Board(fen), value, square, mover) is lost
+
+
+@pytest.mark.parametrize("fen, uci, weight", [
+    ("4k3/8/8/3p4/8/2N5/8/4K3 w - - 0 1", "c3e4", (1 + 2 + 1) * 0.1),  # centre and wide centre, but the pawn takes
+    ("4k3/8/8/3p4/8/2N5/8/4K3 w - - 0 1", "c3d5", 1 + 2 + 1 + 4 * 1),  # a safe capture: 4 x the pawn
+    ("4k3/8/8/3p4/8/2N5/8/4K3 w - - 0 1", "e1d2", 1 * 0.3),            # a king step
+    ("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1", "e1g1", 1 + 4),            # castling, no king-step discount
+    ("4k3/8/8/8/8/8/8/1N2K3 w - - 0 1", "b1c3", 1 + 1 + 2),             # wide centre, develops from the back rank
+    ("4k3/8/8/8/8/8/2p5/1N2K3 w - - 0 1", "b1a3", 1 + 2 + 4),           # develops and rescues a piece en prise
+    ("4k3/8/8/8/4n3/3P4/8/4K3 w - - 0 1", "d3e4", 1 + 2 + 1 + 4 * 3),  # the pawn takes a knight: gain >= its value
+])
+def test_random_play_weighs_moves_by_hand(fen, uci, weight):
+    assert positions._weight(chess.Board(fen), chess.Move.from_uci(uci), 0.5) == pytest.approx(weight)
+
+
+def test_random_play_draws_by_the_cubed_weights():
+    board, drawn = chess.Board(), []
+
+    class Spy(random.Random):
+        def choices(self, population, weights):
+            drawn.append((population, weights))
+            return [population[0]]
+    positions.play(board, Spy(0))
+    moves, weights = drawn[0]
+    assert weights == [positions._weight(chess.Board(), m, 0.5) ** 3 for m in moves] and len(board.move_stack) == 1
+
+
+def test_generated_positions_are_distinct_and_of_their_phase_in_the_documented_mix(monkeypatch):
+    """iter_positions: ~20% openings, ~60% middlegames, ~20% endgames (of 150: within 3 standard deviations), an
+    endgame with fewer than 14 pieces and the others with 14 or more, no position twice (a repeat is drawn again)."""
+    starts = iter(["e2e4", "e2e4", "d2d4", "e2e4", "g1f3"])
+    monkeypatch.setattr(positions, "random_position", lambda rng, phase: played(next(starts)))
+    assert [fen for fen, _, _ in itertools.islice(iter_positions(0), 3)] == [played(m).fen() for m in ("e2e4", "d2d4", "g1f3")]
+    monkeypatch.undo()
+    drawn = list(itertools.islice(iter_positions(3), 150))
+    assert len({position_key(fen) for fen, _, _ in drawn}) == 150
+    for fen, _, kind in drawn:
+        assert (len(chess.Board(fen).piece_map()) < 14) == (kind == "endgame")
+    shares = collections.Counter(kind for _, _, kind in drawn)
+    for kind, share in (("opening", 0.2), ("middlegame", 0.6), ("endgame", 0.2)):
+        assert abs(shares[kind] / 150 - share) <= 3 * math.sqrt(share * (1 - share) / 150), shares
 
 
 def test_mating_moves_are_every_mate_in_one_and_no_other_check():

@@ -39,11 +39,11 @@ def source(tmp_path, pool=None, **kw):
     return SelfPlaySource(None, pool, **kw)
 
 
-def line(start, rule, n):
-    """FENs before each of n moves by rule from a named start."""
+def line(start, rule, n, histories=False):
+    """FENs before each of n moves by rule from a named start; with histories, (FEN, the last 9 moves that led there)."""
     board, out = opening_board(start), []
     for _ in range(n):
-        out.append(board.fen())
+        out.append((board.fen(), [m.uci() for m in board.move_stack[-9:]]) if histories else board.fen())
         board.push_uci(rule(sorted(legal_ucis(board.fen()))))
     return out
 
@@ -60,6 +60,8 @@ def test_positions_follow_the_current_policy(tmp_path):
         # games start initial, ruy_lopez, initial; the third repeats the first, so it adds nothing
         a, b = line("initial", RULES["first"], 4), line("ruy_lopez", RULES["first"], 4)
         assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f in pair]
+        a, b = line("initial", RULES["first"], 4, True), line("ruy_lopez", RULES["first"], 4, True)
+        assert [h for _, h, _, _ in src.positions.values()] == [h for pair in zip(a, b) for _, h in pair]
         assert p.task == "P" and position_key(p.fen) in src.positions
         for fen, history, moves, evals in src.positions.values():
             assert len(moves) == len(evals) == 5 and set(moves) <= legal_ucis(fen)  # MultiPV 5, all legal
@@ -164,6 +166,8 @@ def test_mix_and_draw_before_refresh(tmp_path):
     with source(tmp_path, pool, mix=0.0) as src:
         src.refresh("first")
         assert {s.prompt for s in src.draw(20)} <= {s.prompt for s in pool.policy}  # mix 0: the pool only
+    with source(tmp_path, pool, mix=1.0) as src:  # before the first refresh the pool stands in for self-play
+        assert {s.prompt for s in src.draw(5)} <= {s.prompt for s in pool.policy}
     with source(tmp_path) as src, pytest.raises(ValueError, match="call refresh"):
         src.draw(1)
 

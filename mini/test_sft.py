@@ -2,7 +2,9 @@
 
     python mini/test_sft.py
 """
+import dataclasses
 import glob
+import json
 import math
 import multiprocessing
 import os
@@ -23,7 +25,7 @@ from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import load_jsonl
 from mini.chess_eval import load_mates
 from mini.formats import Sample, policy_sample, position_key
-from mini.positions import generate_positions
+from mini.positions import generate_positions, iter_positions
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
@@ -68,7 +70,8 @@ def test_loss_mask_on_real_lines(tok):
     """On real P: and A: lines the masked targets are exactly the completion's tokens and EOS, and
     tokenising prompt and completion apart gives the tokens of the whole line; each sample drawn walks its game
     on (the replay buffer gets the position after it), so A: positions keep changing."""
-    data = sft.SFTData(parse_args(["--mix_env_ratio", "0.5"]))
+    cfg = parse_args(["--mix_env_ratio", "0.5"])
+    data = sft.SFTData(cfg)
     samples = data.batch(16)
     assert {s.task for s in samples} == {"P", "A"}
     _, _, y, loss_mask = sft.encode_batch(samples, tok, "cpu")
@@ -85,6 +88,7 @@ def test_loss_mask_on_real_lines(tok):
             board.push_uci(s.best)
             after.append(board.fen())
     assert sum(position_key(f) in data.buffer.items for f in after if f) >= len(samples) // 2
+    assert position_key(next(iter_positions(cfg.seed))[0]) in data.buffer.items  # and each batch adds a fresh position
 
 
 def full_vocab_loss(model, batch):
@@ -136,7 +140,7 @@ def test_time_limit_stops_and_saves(tmp_path):
     assert model.config.n_layer == 1 and model.config.n_embd == 32
 
 
-def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
+def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys, spawn, monkeypatch):
     """--data_workers 2: batches come from two processes with their own seeds (no worker repeats another's
     samples), each batch encoded as encode_batch would; a run with them writes its snapshot."""
     cfg = parse_args(["--batch_size", "4", "--mix_env_ratio", "0.5", "--data_workers", "2"], "sft")
@@ -148,6 +152,12 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
     assert not torch.equal(first[0][0], first[1][0]) and not torch.equal(first[2][0], first[3][0])
     in_process = next(iter(sft.SFTBatches(cfg, tok)))  # the training process's own stream, seeded cfg.seed
     assert not any(torch.equal(in_process[0], b[0]) for b in first)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=1))  # worker 1's stream
+    worker = sft.SFTBatches(cfg, tok)
+    next(iter(worker))
+    fresh = lambda seed: position_key(next(iter_positions(seed))[0])  # the first fresh position of a seed
+    assert fresh(cfg.seed + 2000) in worker.data.buffer.items and fresh(cfg.seed) not in worker.data.buffer.items
+    monkeypatch.undo()
     argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
             "--run_name", "w", "--steps", "3", "--batch_size", "2", "--data_workers", "2"]
     assert sft.main(argv) == 0
@@ -158,8 +168,8 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys):
     assert sft.main(argv[:-6] + ["--run_name", "g", "--data_source", "generate", "--data_workers", "1"]) == 1
     assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
     # a SIGTERM to the whole process group (a terminal's Ctrl-C, `timeout`): the run saves, the workers stay quiet
-    proc = subprocess.Popen([sys.executable, "-m", "mini.sft", *argv[:-6], "--run_name", "k", "--steps", "100000",
-                             "--data_workers", "2"], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = spawn([sys.executable, "-m", "mini.sft", *argv[:-6], "--run_name", "k", "--steps", "100000",
+                  "--data_workers", "2"], stderr=subprocess.PIPE, text=True)
     log = tmp_path / "k" / "sft.log"
     while proc.poll() is None and "step    10" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.1)
@@ -251,6 +261,7 @@ class LoopSpy:
 
     def __init__(self, monkeypatch, dt, grad_clip):
         self.now, self.losses, self.expected, self.tokens, self.lrs, self.grad_err, self.rows = -dt, [], [], [], [], [], []
+        self.closed = 0  # data sources closed
         real_loss, real_conf = sft.sft_loss, GPT.configure_optimizers
 
         def clock():
@@ -291,7 +302,7 @@ class LoopSpy:
 
         class Data:  # a few fixed samples in turn: the loop is under test here, not the data (~5 s to load)
             def __init__(_, cfg):
-                _.source, _.i = types.SimpleNamespace(close=lambda: None), 0
+                _.source, _.i = types.SimpleNamespace(close=lambda: setattr(self, "closed", self.closed + 1)), 0
 
             def batch(_, n):
                 _.i += n
@@ -335,13 +346,51 @@ def test_training_loop_by_hand_lr_schedule_clipping_fresh_gradients_and_logged_m
 def test_time_limit_schedule_and_stop_by_hand(tmp_path, monkeypatch):
     """--time_limit_min 0.25 (15 s) on a clock that moves 2 s a step: the warmup's 2 steps count real steps, then
     the schedule is at int(100 * elapsed / 15) of --steps 100 (40, 53, 66, 80, 93), and the run stops at step 7,
-    the first whose clock is past 15 s."""
-    spy = LoopSpy(monkeypatch, dt=2.0, grad_clip=1.0)
+    the first whose clock is past 15 s. --grad_clip 0: each update gets its gradient unclipped."""
+    spy = LoopSpy(monkeypatch, dt=2.0, grad_clip=0.0)
     assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "t", "--steps", "100", "--lr", "1e-3",
-                            "--warmup_steps", "2", "--time_limit_min", "0.25"]) == 0
+                            "--warmup_steps", "2", "--time_limit_min", "0.25", "--grad_clip", "0"]) == 0
     want = [1e-3 * hand_lr_factor(s, 100, 2) for s in (0, 1, 40, 53, 66, 80, 93)]
     assert [lrs.pop() for lrs in spy.lrs] == pytest.approx(want, rel=1e-9)
+    assert max(spy.grad_err) < 1e-3, spy.grad_err
     assert "time limit of 0.25 min reached at step 7" in (tmp_path / "t" / "sft.log").read_text()
+
+
+def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, monkeypatch):
+    """Two runs of one seed end on the same weights, whatever ran before them in the process (the model's
+    initialisation and the loss's draws come from --seed); sft.log opens with the run's settings. A KeyboardInterrupt
+    in a step (a second Ctrl-C) quits at once with 130 and saves nothing; every run closes its data source."""
+    spy = LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    argv = TINY + ["--log_dir", str(tmp_path), "--steps", "3"]
+    assert sft.main(argv + ["--run_name", "a"]) == 0
+    torch.rand(5)  # moves the process's RNG
+    assert sft.main(argv + ["--run_name", "b"]) == 0
+    a, b = (load_model(str(tmp_path / run / "final"))[0].state_dict() for run in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    settings = json.loads((tmp_path / "a" / "sft.log").read_text().splitlines()[0].removeprefix("config "))
+    assert settings == json.loads(json.dumps(dataclasses.asdict(parse_args(argv + ["--run_name", "a"], "sft"))))
+    loss, calls = sft.sft_loss, []
+
+    def interrupted_at_the_third_step(*batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return loss(*batch)
+    monkeypatch.setattr(sft, "sft_loss", interrupted_at_the_third_step)
+    assert sft.main(argv + ["--run_name", "c"]) == 130
+    assert "quit at step 2 without saving" in (tmp_path / "c" / "sft.log").read_text()
+    assert not (tmp_path / "c" / "final").exists() and spy.closed == 3
+
+
+def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):
+    """--grow_layers below the model's depth and --data_source selfplay (train.py's) stop before the first step with
+    one sentence, and the run directory that start made is removed, so that the name stays free."""
+    argv = TINY + ["--log_dir", str(tmp_path), "--steps", "1"]
+    assert sft.main(argv + ["--run_name", "g", "--n_layer", "2", "--grow_layers", "1"]) == 1
+    assert "--grow_layers 1 is fewer than the snapshot's 2 layers" in capsys.readouterr().err
+    assert sft.main(argv + ["--run_name", "s", "--data_source", "selfplay"]) == 1
+    assert "--data_source selfplay is train.py's" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists() and not (tmp_path / "s").exists()
 
 if __name__ == "__main__":
     import sys

@@ -562,9 +562,9 @@ def test_a_negative_kl_beyond_the_threshold_stops_the_run_too():
     assert saved == ["regular"] and trainer.best_reward == 0.5
 
 
-def start_and_wait_for_a_step(tiny, tmp_path, run):
-    proc = subprocess.Popen([sys.executable, "-m", "mini.train", *args(tiny, tmp_path, run, 1000, "--save_every", "0")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def start_and_wait_for_a_step(spawn, tiny, tmp_path, run):
+    proc = spawn([sys.executable, "-m", "mini.train", *args(tiny, tmp_path, run, 1000, "--save_every", "0")],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / run / "metrics.jsonl"
     while proc.poll() is None and not metrics.exists():
         time.sleep(0.05)
@@ -572,8 +572,8 @@ def start_and_wait_for_a_step(tiny, tmp_path, run):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_a_checkpoint(tiny, tmp_path, sig):
-    proc = start_and_wait_for_a_step(tiny, tmp_path, "sig")
+def test_a_signal_saves_a_checkpoint(spawn, tiny, tmp_path, sig):
+    proc = start_and_wait_for_a_step(spawn, tiny, tmp_path, "sig")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     name = signal.Signals(sig).name
@@ -602,8 +602,8 @@ def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypat
     assert "Done: final model" in (tmp_path / "last" / "train.log").read_text()
 
 
-def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(tiny, tmp_path):
-    proc = start_and_wait_for_a_step(tiny, tmp_path, "twice")
+def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(spawn, tiny, tmp_path):
+    proc = start_and_wait_for_a_step(spawn, tiny, tmp_path, "twice")
     proc.send_signal(signal.SIGINT)
     first = proc.stderr.readline() + proc.stderr.readline()  # the acknowledgement: the first one was handled
     proc.send_signal(signal.SIGINT)
