@@ -180,12 +180,16 @@ def test_dropout_sites_are_gpt2s(monkeypatch):
     weights (at the config's rate), the attention's output projection and the MLP's: 1 + 2 * n_layer drops."""
     drops, attn_rates = [], []
     dropout, sdpa = F.dropout, F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, *a, **kw: drops.append(p) or dropout(x, p, *a, **kw))
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, *a, **kw: drops.append((p, x.detach().clone())) or
+                        dropout(x, p, *a, **kw))
     monkeypatch.setattr(F, "scaled_dot_product_attention",
                         lambda *a, dropout_p=0.0, **kw: attn_rates.append(dropout_p) or sdpa(*a, dropout_p=dropout_p, **kw))
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, n_positions=64, vocab_size=50, dropout=0.25)).train()
-    model(torch.randint(0, 50, (2, 9)), torch.ones(2, 9))
-    assert drops == [0.25] * (1 + 2 * 3) and attn_rates == [0.25] * 3
+    ids = torch.randint(0, 50, (2, 9))
+    model(ids, torch.ones(2, 9))
+    assert [p for p, _ in drops] == [0.25] * (1 + 2 * 3) and attn_rates == [0.25] * 3
+    wt = model.transformer
+    assert torch.equal(drops[0][1], wt.wte(ids) + wt.wpe(torch.arange(9)))  # the first drop is of the sum
 
 
 if __name__ == "__main__":

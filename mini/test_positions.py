@@ -149,10 +149,10 @@ def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     assert json.loads(ev.read_text().splitlines()[0])["meta"]["generator"] == "mini.positions.play_game"
 
 
-def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch):
+def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch, capsys):
     """Eval games that repeat the training games, or whose every position is in the shipped pool, leave the held-out
     set empty (only its header is written): no held-out P: position or A: transition, nor where its move leads, is
-    a position of a training game or of the shipped pool."""
+    a position of a training game or of the shipped pool. A pool larger than the games hold is written, and said."""
     games = {tag: play_games(tag, 1, "", 1, str(tmp_path)) for tag in ("0-train", "0-eval")}
     argv = ["--games", "1", "--eval_games", "1", "--pool", "5", "--eval", "10", "--eval_transitions", "30", "--depth",
             "2", "--workers", "1", "--cache", "", "--pool_path", str(tmp_path / "pool.jsonl")]
@@ -162,8 +162,10 @@ def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch
     monkeypatch.setattr("mini.annotate.play_games", lambda tag, *a: games[tag])
     every_eval_position = {position_key(f) for moves, _ in games["0-eval"] for f in game_fens(moves)}
     monkeypatch.setattr("mini.annotate.shipped_keys", lambda paths: every_eval_position)  # as if the pool held them
-    annotate_main(argv + ["--eval_path", str(tmp_path / "pooled.jsonl")])
+    annotate_main(argv + ["--eval_path", str(tmp_path / "pooled.jsonl"), "--pool", "100000"])
     assert len((tmp_path / "pooled.jsonl").read_text().splitlines()) == 1
+    held = sum(s.task == "P" for s in load_jsonl(str(tmp_path / "pool.jsonl")))
+    assert f"the 1 games hold {held} positions for a pool of 100000; writing those" in capsys.readouterr().out
 
 
 def test_played_games_are_kept_and_read_back(tmp_path, monkeypatch):
@@ -469,6 +471,7 @@ def test_quotas_add_up_to_n_by_the_largest_remainder():
 
 @pytest.mark.parametrize("games, text, says", [(1, "checks=0.4", "not a class"), (1, "check=x", "needs a share"),
                                                (1, "check=1.5", "between 0 and 1"),
+                                               (1, "pin=-0.1", "between 0 and 1"),
                                                (1, "check=0.6,pin=0.5", "add up to 1.1"),
                                                (0, "check=0.4", "--king_shares draw from played games")])
 def test_king_shares_flag_says_what_is_wrong(games, text, says, capsys):

@@ -120,7 +120,8 @@ def test_a_run_is_never_started_over_by_accident(tiny, tmp_path, two_steps, caps
 def test_auto_resume_runs_under_the_saved_config(tiny, tmp_path, two_steps, capsys):
     with open(two_steps / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "loss": 0.1')  # killed mid-write
-    (two_steps / "checkpoints" / "step_000003.pt.tmp").write_bytes(b"half")
+    (two_steps / "checkpoints" / "step_000009.pt.tmp").write_bytes(b"half")  # leftovers of a killed write
+    (two_steps / ".tmp-final").mkdir()  # and of a killed snapshot
     run = ["--log_dir", str(tmp_path), "--run_name", "r", "--auto_resume"]
     before = files_of(two_steps)
     err = fails_with(capsys, run + ["--lr", "0.5", "--k_samples", "4", "--model_path", str(tmp_path)],
@@ -131,7 +132,7 @@ def test_auto_resume_runs_under_the_saved_config(tiny, tmp_path, two_steps, caps
     assert "resume: --steps 2 -> 3" in (two_steps / "train.log").read_text()
     assert json.loads((two_steps / "config.json").read_text())["steps"] == 3
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
-    assert not glob.glob(str(two_steps / "**" / "*.tmp"), recursive=True)
+    assert not glob.glob(str(two_steps / "**" / "*.tmp"), recursive=True) and not (two_steps / ".tmp-final").exists()
 
 
 def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_steps, capsys):
@@ -271,6 +272,10 @@ def test_a_failed_start_leaves_no_directory(tiny, tmp_path, capsys):
     fails_with(capsys, args(tiny, tmp_path, "nope", 2, "--data_source", "file", "--data_file", str(data)),
                "holds no sample (it is empty)")
     assert not (tmp_path / "nope").exists()
+    (tmp_path / "mine").mkdir()  # a directory the user made beforehand stays, empty as it was
+    fails_with(capsys, args(tiny, tmp_path, "mine", 2, "--data_source", "file", "--data_file", str(data)),
+               "holds no sample (it is empty)")
+    assert (tmp_path / "mine").is_dir() and not list((tmp_path / "mine").iterdir())
 
 
 def test_checkpoints_load_without_running_code(tiny, tmp_path, two_steps):
