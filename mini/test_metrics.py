@@ -15,17 +15,19 @@ The batch (K = 2; rewards and components from the README's reward spec, see mini
 import json
 import math
 import statistics
+import types
 
 import pytest
 import torch
 
 import mini.train as train
+from mini import distributed
 from mini.config import POOL_PATH
 from mini.flags import parse_args
 from mini.grpo import LossSettings, grpo_loss, policy_loss
 from mini.loader import save_model
 from mini.reward_scorer import score_batch
-from mini.rollout import InformativeGroups, Rollout, merge_sampling, reward_metrics
+from mini.rollout import GlobalBatch, InformativeGroups, Rollout, merge_sampling, reward_metrics
 from mini.test_adversarial import A, A_CASES, P, P_CASES, REF_A, REF_P
 from mini.test_train import tiny_gpt
 from mini.tokenizer import Tokenizer
@@ -128,6 +130,21 @@ def test_kl_and_entropy_metrics_are_per_token_whatever_the_loss_type():
     for loss_type in ("grpo", "dr_grpo", "dapo"):
         _, m = grpo_loss(logits, ids, mask, torch.zeros(2), LossSettings(loss_type=loss_type, kl_coef=0.1), ref_logp=ref_logp)
         assert m["kl"] == pytest.approx((math.e - 2) / 4, abs=1e-6) and m["entropy"] == pytest.approx(math.log(4), abs=1e-6)
+
+
+def test_the_global_batch_of_two_ranks_by_hand(monkeypatch):
+    """GlobalBatch.gather on rank 1 of two (distributed.gather stubbed with both ranks' parts): every rank's rows in
+    rank order, this rank's rewards from its offset, the prompt tokens of both ranks; a completion of
+    --max_new_tokens tokens (30) or more ran out of room: clipped."""
+    parts = [([(1.0, {}), (0.0, {})], ["P", "P"], [30, 4], 11, {}),
+             ([(0.5, {}), (-1.0, {})], ["A", "A"], [31, 29], 7, {})]
+    monkeypatch.setattr(distributed, "gather", lambda mine: parts)
+    r = types.SimpleNamespace(scores=parts[1][0], tasks=["A", "A"], completions=[[0] * 31, [0] * 29], prompts=[[0] * 7])
+    g = GlobalBatch.gather(r, {}, rank=1)
+    assert g.offset == 2 and g.rewards.tolist() == [1.0, 0.0, 0.5, -1.0] and r.rewards.tolist() == [0.5, -1.0]
+    m = g.metrics(30)
+    assert (m["prompt_tokens"], m["completion_tokens"], m["completion_len_mean"]) == (18, 94, 23.5)
+    assert m["completion_clipped_ratio"] == 0.5 and m["reward_mean_A"] == -0.25
 
 
 def test_merged_sampling_metrics_weigh_ranks_by_groups_drawn():

@@ -22,8 +22,9 @@ import torch
 
 import mini.train as train
 from mini.config import Config
+import mini.runs as runs
 from mini.runs import (RunDir, RunError, given_flags, is_disk_full, load_checkpoint, remove_checkpoint,
-                       resume_config)
+                       resume_config, save_checkpoint)
 from mini.test_train import args, nan_loss_on, read_jsonl, tiny  # noqa: F401  (tiny is a fixture)
 
 
@@ -190,6 +191,17 @@ def test_a_resumed_run_goes_on_from_its_own_latest_step(tiny, tmp_path, two_step
     assert [m["step"] for m in read_jsonl(b / "metrics.jsonl")] == [3]
 
 
+def test_a_checkpoint_of_two_ranks_is_resumed_by_two(tiny, tmp_path, two_steps, capsys):
+    """A checkpoint written under torchrun by 2 processes holds each rank's own state; a plain run resuming it would
+    take rank 0's for the whole batch: refused in one sentence that says how to resume it."""
+    for path in glob.glob(str(two_steps / "checkpoints" / "*.pt")):  # regular, recovery: all of that run
+        state = load_checkpoint(path)
+        rank = {k: state[k] for k in ("sampler", "sft_sampler", "buffer", "selfplay", "rng")}
+        save_checkpoint(path, {**state, "ranks": [rank, rank]})
+    fails_with(capsys, ["--log_dir", str(tmp_path), "--run_name", "r", "--auto_resume", "--steps", "3"],
+               "written by 2 process(es) and this run has 1; resume it with the same number (torchrun --nproc_per_node 2")
+
+
 def test_a_crash_before_a_steps_row_leaves_no_checkpoint_past_it(tiny, tmp_path, monkeypatch):
     """A step's row is written before its stable.pt (the best held-out reward): a run killed in between resumed
     from stable.pt, past a step that metrics.jsonl never held; now it resumes before it and the step is redone."""
@@ -286,6 +298,10 @@ def test_checkpoints_load_without_running_code(tiny, tmp_path, two_steps):
                 "rng": {"numpy": np.random.get_state()}}, old)
     with pytest.raises(ValueError, match="written by an older mini/train.py in a format that may run code"):
         load_checkpoint(str(old))
+    other = tmp_path / "other.pt"  # a plain torch file of something else
+    torch.save({"model": {}, "step": 1}, other)
+    with pytest.raises(ValueError, match=r"lacks \['config', 'optimizer', 'rng', 'run_name'\]; it is not a checkpoint"):
+        load_checkpoint(str(other))
     with pytest.raises(RunError, match="is damaged"):
         (two_steps / "config.json").write_text("{")
         RunDir(str(tmp_path), "r").saved_config()
@@ -344,6 +360,20 @@ def test_a_saved_setting_the_flags_would_refuse_stops_the_resume_in_one_sentence
 def ckpt_state(step, value=0.0):
     return {"model": {"w": torch.full((3,), value)}, "optimizer": {}, "step": step, "config": {}, "run_name": "r",
             "rng": {}}
+
+
+def test_a_kill_between_a_checkpoint_and_its_checksum_leaves_the_new_one_readable(tmp_path, monkeypatch):
+    """recovery.pt is written over again and again: a kill after the new file's rename and before its checksum's
+    leaves the new file without a checksum (read unverified), never beside the old file's checksum (damaged)."""
+    path = str(tmp_path / "recovery.pt")
+    save_checkpoint(path, ckpt_state(1))
+
+    def killed(_):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runs, "write_checksum", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, ckpt_state(2))
+    assert load_checkpoint(path)["step"] == 2
 
 
 def test_latest_valid_checkpoint_is_the_highest_step_of_the_good_ones(tmp_path, capsys):

@@ -359,10 +359,14 @@ def test_time_limit_schedule_and_stop_by_hand(tmp_path, monkeypatch):
 def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, monkeypatch):
     """Two runs of one seed end on the same weights, whatever ran before them in the process (the model's
     initialisation and the loss's draws come from --seed); sft.log opens with the run's settings. A KeyboardInterrupt
-    in a step (a second Ctrl-C) quits at once with 130 and saves nothing; every run closes its data source."""
+    in a step (a second Ctrl-C) quits at once with 130 and saves nothing; every run closes its data source and
+    gives the caller its signal handlers back."""
     spy = LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
     argv = TINY + ["--log_dir", str(tmp_path), "--steps", "3"]
+    handlers = lambda: {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    before = handlers()
     assert sft.main(argv + ["--run_name", "a"]) == 0
+    assert handlers() == before
     torch.rand(5)  # moves the process's RNG
     assert sft.main(argv + ["--run_name", "b"]) == 0
     a, b = (load_model(str(tmp_path / run / "final"))[0].state_dict() for run in "ab")
@@ -379,7 +383,7 @@ def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, mo
     monkeypatch.setattr(sft, "sft_loss", interrupted_at_the_third_step)
     assert sft.main(argv + ["--run_name", "c"]) == 130
     assert "quit at step 2 without saving" in (tmp_path / "c" / "sft.log").read_text()
-    assert not (tmp_path / "c" / "final").exists() and spy.closed == 3
+    assert not (tmp_path / "c" / "final").exists() and spy.closed == 3 and handlers() == before
 
 
 def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):
