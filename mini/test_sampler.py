@@ -216,7 +216,7 @@ def test_sample_next_never_draws_a_token_of_probability_0():
         assert nxt.item() in (2, 3) and torch.isfinite(logp).all(), (u, nxt)
 
 
-def test_generate_rejects_too_long_requests():
+def test_generate_rejects_too_long_requests_and_empty_prompts():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match="positions"):
         generate(m, [[1] * 10], max_new_tokens=10)
@@ -224,6 +224,8 @@ def test_generate_rejects_too_long_requests():
         generate(m, [[1] * 7, [2]], max_new_tokens=10)
     (toks, _), = generate(m, [[1] * 6], max_new_tokens=10, eos_id=19)  # exactly n_positions: allowed
     assert len(toks) <= 10
+    with pytest.raises(ValueError, match="generate got an empty prompt; every prompt needs at least one token"):
+        generate(m, [[1, 2], []], max_new_tokens=2)  # else its row would start from a padding column
 
 
 def uniform_model(vocab, eos_id, eos_logit=-1e4, n_positions=16):
