@@ -14,6 +14,7 @@ import concurrent.futures
 import copy
 import functools
 import io
+import itertools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import mini.reward_scorer as reward_scorer
 import mini.train as train
 from mini.autobatch import find_batch_size, optimizer_state_bytes, probe_peak_memory, run_to_the_limit
 from mini.config import Config
+from mini.dataset import ReplayBuffer
 from mini.flags import parse_args
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
@@ -266,6 +268,37 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny, tmp_path, 
         assert torch.equal(a, b)
 
 
+def test_a_rollout_walks_its_prompts_one_move_on_into_the_replay_buffer(tiny, tmp_path):
+    """A: prompts of later steps start where this step's prompts lead: the position after each drawn P: sample's best
+    move, and after each legal A: move, joins the replay buffer."""
+    trainer = train.Trainer(parse_args(args(tiny, tmp_path, "walk", 1, "--mix_env_ratio", "0.5", "--batch_size", "6")))
+    r = trainer.rollout()
+    want = ReplayBuffer()
+    for s in r.samples[::trainer.cfg.k_samples]:
+        want.add_next(s)
+    assert want.items and set(want.items) <= set(trainer.buffer.items)
+
+
+def test_each_rank_seeds_its_own_sampling(tiny, tmp_path, monkeypatch):
+    """Under torchrun rank r seeds its generators with --seed + r, so that the ranks sample different completions
+    (rank 0's are a plain run's); here rank 1, without a process group."""
+    seeds = []
+    monkeypatch.setattr(train, "seed_everything", seeds.append)
+    monkeypatch.setattr(train.distributed, "rank", lambda: 1)
+    train.Trainer(parse_args(args(tiny, tmp_path, "rank1", 1, "--seed", "5")))
+    assert seeds == [6]
+
+
+def test_the_time_limit_is_in_minutes(tiny, tmp_path, monkeypatch):
+    """--time_limit_min 1 on a clock that moves 10 s a reading: the run takes steps, then stops at the limit (a limit
+    read as seconds would stop it before its first step)."""
+    clock = itertools.count(0, 10)
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: float(next(clock)), strftime=time.strftime))
+    assert train.main(args(tiny, tmp_path, "limit", 50, "--time_limit_min", "1", "--save_every", "0")) == 0
+    stops = [line for line in (tmp_path / "limit" / "train.log").read_text().splitlines() if "Time limit" in line]
+    assert len(stops) == 1 and 1 <= int(stops[0].rsplit(" ", 1)[1]) < 50, stops
+
+
 STOCKFISH_SOURCES = {
     "selfplay": ("--data_source", "selfplay", "--selfplay_refresh", "2", "--selfplay_games", "2", "--selfplay_plies", "2",
                  "--selfplay_mix", "1", "--stockfish_depth", "4", "--annotate_workers", "1", "--mix_env_ratio", "0.5"),
@@ -481,12 +514,20 @@ def test_score_workers_default_takes_spare_cores_on_cuda_only(monkeypatch):
     assert score_workers(Config(), cuda) == 1 and score_workers(Config(score_workers=0), cuda) == 0
 
 
-def test_signal_handlers_are_restored_after_main(tiny, tmp_path):
-    """train.main catches SIGINT and SIGTERM only while it trains: a test process gets its own back."""
+def test_signal_handlers_are_restored_after_main(tiny, tmp_path, monkeypatch):
+    """train.main catches SIGINT and SIGTERM only while it trains: a test process gets its own back. Its prompt
+    source is closed (a generated stream's Stockfish engines) however the run ends."""
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    make_source, closed = train.make_source, []
+
+    def recorded(*a, **kw):
+        source = make_source(*a, **kw)
+        source.close = lambda: closed.append(source)
+        return source
+    monkeypatch.setattr(train, "make_source", recorded)
     assert train.main(args(tiny, tmp_path, "ok", 1)) == 0
     assert train.main(args(tiny, tmp_path, "kl", 4, "--kl_threshold", "1e-12")) == 1  # stops inside the loop
-    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert {sig: signal.getsignal(sig) for sig in before} == before and len(closed) == 2
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
