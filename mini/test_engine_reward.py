@@ -113,6 +113,16 @@ def test_labels_mode_is_todays_reward():
         assert pool.submit([s for s, _ in pairs], [c for _, c in pairs])() == scored and pool.take_metrics() == {}
 
 
+def test_scoring_workers_share_the_cores_among_their_engines(monkeypatch):
+    """--p_reward engine with 2 scoring processes on 8 cores: 4 Stockfish processes each, not 8 (16 engines on 8
+    cores); a count the settings give stays."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    pool = ScoringPool(2, engine=EngineReward("/usr/games/stockfish"))
+    pool.close()
+    assert pool.engine.engines == 4
+    assert ScoringPool(0, engine=EngineReward("/usr/games/stockfish", engines=3)).engine.engines == 3
+
+
 def test_group_chunks_keep_groups_whole():
     s = [parse_line(line) for line in P_LINES]
     batch = [s[0]] * 3 + [s[1]] * 3 + [s[2]] * 3
