@@ -374,6 +374,7 @@ def snapshot_copy(tiny, tmp_path, file, text):
     ({"n_head": 3}, "n_embd 32 is not a multiple of n_head 3"),
     ({"n_positions": None}, "n_positions is null, not a whole number"),
     ({"n_embd": True}, "n_embd is true, not a whole number"),
+    ({"n_positions": 2 * 10**6}, "n_positions is 2000000, not a whole number from 1 to 1000000"),  # 10**7 layers: no memory
     (None, "holds a JSON list, not an object"),
 ])
 def test_a_snapshot_config_of_wrong_types_or_values(tiny, tmp_path, capsys, change, message):

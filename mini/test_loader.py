@@ -4,6 +4,7 @@
 """
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -34,6 +35,17 @@ def test_round_trip_through_load_model(snapshot):
     assert not loaded.training  # eval mode: no dropout in sampling or in the reference
     assert torch.equal(loaded(IDS), model(IDS))
     assert tok.encode("P: 8/8/8") == Tokenizer.gpt2().encode("P: 8/8/8")
+
+
+def test_an_older_config_names_the_positions_n_ctx(snapshot, tmp_path):
+    """The first GPT-2 config.json files give the context length as n_ctx, without n_positions."""
+    _, path = snapshot
+    copy = shutil.copytree(path, tmp_path / "old")
+    cfg = json.loads((copy / "config.json").read_text())
+    del cfg["n_positions"]
+    (copy / "config.json").write_text(json.dumps({**cfg, "n_ctx": 48}))
+    os.remove(copy / "config.json.sha256")
+    assert load_model(str(copy))[0].config.n_positions == 48
 
 
 @torch.no_grad()
