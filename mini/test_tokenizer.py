@@ -78,7 +78,7 @@ def test_a_snapshot_with_only_tokenizer_json(from_files, tmp_path):
     assert got.eos_token_id == 50256 and all(got.encode(text) == tok.encode(text) for text in LINES)
 
 
-def test_rejects_merges_out_of_id_order(from_files, tmp_path):
+def test_rejects_merges_out_of_id_order_and_reads_them_without_a_version_line(from_files, tmp_path):
     _, d = from_files
     merges = open(f"{d}/merges.txt").read().splitlines()
     merges[1], merges[2] = merges[2], merges[1]
@@ -86,6 +86,9 @@ def test_rejects_merges_out_of_id_order(from_files, tmp_path):
     (tmp_path / "vocab.json").write_text(open(f"{d}/vocab.json").read())
     with pytest.raises(ValueError, match="merge order"):
         Tokenizer.from_dir(str(tmp_path))
+    merges[1], merges[2] = merges[2], merges[1]
+    (tmp_path / "merges.txt").write_text("\n".join(merges[1:]))  # without its "#version" line: still merge 0 first
+    assert Tokenizer.from_dir(str(tmp_path)).encode(LINES[0]) == Tokenizer.gpt2().encode(LINES[0])
 
 
 if __name__ == "__main__":
