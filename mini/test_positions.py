@@ -516,6 +516,27 @@ def plain_style(monkeypatch):
     return opening
 
 
+def test_games_open_with_up_to_four_random_plies_and_a_blunder_replaces_the_engine_move(monkeypatch):
+    """play_game opens with 0 to 4 plausible random plies (each count met in 40 games); a blunder (at the side's
+    blunder_rate, here every ply) is a random ply played instead of the engine's move, never beside it."""
+    opening = plain_style(monkeypatch)
+    monkeypatch.setattr(positions, "MAX_PLIES", 8)
+    counts = set()
+    for seed in range(40):
+        opening.clear()
+        play_game(steady(0), random.Random(seed))
+        counts.add(len(opening))
+    assert counts == {0, 1, 2, 3, 4}
+    monkeypatch.setattr(positions, "game_style", lambda rng: {"nodes": 100, "temperature_cp": 10.0, "blunder_rate": 1.0})
+
+    class NoEngine:
+        def analyse(self, *a, **kw):
+            pytest.fail("the engine was asked for a move beside a blunder")
+    opening.clear()
+    moves, end = play_game(NoEngine(), random.Random(0))
+    assert (len(moves), end) == (8, "max_plies") and len(opening) == 8
+
+
 def test_resignation_after_four_lost_plies_in_about_half_the_games(monkeypatch):
     """A side scored beyond RESIGN_CP for RESIGN_PLIES plies in a row resigns on the 4th (3 engine moves played
     after the opening) in the games that resign, about half; the others play on to MAX_PLIES."""
