@@ -739,6 +739,26 @@ def test_find_batch_size_with_a_fake_memory_probe():
     assert find_batch_size(lambda b: 50.0 * b, 1, 100, 0.5) == (1, [(1, 50.0), (2, 100.0)])  # exactly the fraction fits
 
 
+def test_choose_batch_size_takes_every_ranks_worst_peak_and_sets_the_global_batch(monkeypatch):
+    """--auto_batch_size under 2 ranks (CUDA faked): each rank probes its share, the ranks' worst peak decides
+    (here rank 1's, 2 GiB a prompt, not this rank's 1), the run takes the largest share that fits half of 80 GiB,
+    20, so --batch_size becomes 40, and every measurement is logged as the global batch's."""
+    import mini.autobatch as autobatch
+    logs, GiB = [], 2**30
+    trainer = types.SimpleNamespace(cuda=True, device=torch.device("cuda", 0), local_batch=2, world=2, log=logs.append,
+                                    cfg=types.SimpleNamespace(batch_size=4, k_samples=8, memory_fraction=0.5))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
+    monkeypatch.setattr(autobatch, "probe_peak_memory", lambda t, b: GiB * b)  # this rank's
+    monkeypatch.setattr(autobatch.distributed, "all_max", lambda peak: 2 * peak)  # the other rank's, twice as high
+    autobatch.choose_batch_size(trainer)
+    assert (trainer.local_batch, trainer.cfg.batch_size) == (20, 40)
+    assert logs[0] == "auto_batch_size: 4 prompts x 8 -> peak 4.0 GiB of 80.0 (the most of 2 ranks)"
+    assert logs[-1] == "auto_batch_size: using --batch_size 40"
+    trainer.cfg.memory_fraction = 0.01  # not even the start fits
+    with pytest.raises(StopRun, match="even 40 prompts x 8 exceed 1% of the GPU; lower --batch_size or --k_samples"):
+        autobatch.choose_batch_size(trainer)
+
+
 def test_the_batch_probe_counts_the_widest_step_and_the_optimizer_state():
     """A probe at step 0 has run no optimizer step and sampled completions of its own lengths: it adds
     AdamW's two moments (8 bytes a float32 parameter) and runs every completion to --max_new_tokens."""
