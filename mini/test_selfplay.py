@@ -39,11 +39,11 @@ def source(tmp_path, pool=None, **kw):
     return SelfPlaySource(None, pool, **kw)
 
 
-def line(start, rule, n, histories=False):
-    """FENs before each of n moves by rule from a named start; with histories, (FEN, the last 9 moves that led there)."""
+def line(start, rule, n):
+    """(FEN, the last 9 moves that led there) before each of n moves by rule from a named start."""
     board, out = opening_board(start), []
     for _ in range(n):
-        out.append((board.fen(), [m.uci() for m in board.move_stack[-9:]]) if histories else board.fen())
+        out.append((board.fen(), [m.uci() for m in board.move_stack[-9:]]))
         board.push_uci(rule(sorted(legal_ucis(board.fen()))))
     return out
 
@@ -59,8 +59,7 @@ def test_positions_follow_the_current_policy(tmp_path):
         p = src.draw(1)[0]  # nothing labelled yet: waits for Stockfish
         # games start initial, ruy_lopez, initial; the third repeats the first, so it adds nothing
         a, b = line("initial", RULES["first"], 4), line("ruy_lopez", RULES["first"], 4)
-        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f in pair]
-        a, b = line("initial", RULES["first"], 4, True), line("ruy_lopez", RULES["first"], 4, True)
+        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f, _ in pair]
         assert [h for _, h, _, _ in src.positions.values()] == [h for pair in zip(a, b) for _, h in pair]
         assert p.task == "P" and position_key(p.fen) in src.positions
         for fen, history, moves, evals in src.positions.values():
@@ -85,8 +84,8 @@ def test_windows_keep_the_newest(tmp_path):
         src.refresh("first")
         src.draw(1)
         a, b = line("initial", RULES["first"], 4), line("ruy_lopez", RULES["first"], 4)
-        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f in pair][-4:]
-        assert [f for f, _, _ in src.moves.values()] == [f for pair in zip(a, b) for f in pair][-4:]
+        assert list(src.positions) == [position_key(f) for pair in zip(a, b) for f, _ in pair][-4:]
+        assert [f for f, _, _ in src.moves.values()] == [f for pair in zip(a, b) for f, _ in pair][-4:]
 
 
 @needs_stockfish
@@ -118,7 +117,7 @@ def test_cache_reused_and_survives_a_cut_off_line(tmp_path):
 
 @needs_stockfish
 def test_held_out_positions_never_enter(tmp_path):
-    banned = line("initial", RULES["first"], 3)[2]  # met by game 0 at ply 2
+    banned = line("initial", RULES["first"], 3)[2][0]  # met by game 0 at ply 2
     with source(tmp_path, exclude=[banned], plies=5) as src:
         src.refresh("first")
         src.refresh("first")
