@@ -1,6 +1,7 @@
 """The command that builds the shipped data: generated positions labelled by Stockfish (mini/stockfish.py).
 
     python mini/annotate.py --pool 5000 --eval 500 --depth 10 --seed 0
+    python mini/annotate.py --pgn games.pgn --eval 500 --eval_path logs/data/eval-pgn.jsonl   # a set of real games
 
 A quick search screens out most lopsided positions (beyond --max_eval pawns one in four is kept); the rest get
 Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes where it stopped.
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chess
 import chess.engine
+import chess.pgn
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -50,6 +52,7 @@ def write_jsonl(path, meta, positions, labels, transitions=()):
 
 
 GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shipped: rebuilt by the command in README
+PGN_EVAL_PATH = os.path.join("logs", "data", "eval-pgn.jsonl")  # --pgn: the user's games, not shipped
 
 
 def play_games(tag, n, stockfish_path, workers, cache_dir=""):
@@ -198,6 +201,68 @@ def build_from_games(a):
           f"({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 
 
+class _QuietGameBuilder(chess.pgn.GameBuilder):
+    def handle_error(self, error):  # kept in game.errors and counted by read_pgn, not logged game by game
+        self.game.errors.append(error)
+
+
+def read_pgn(paths):
+    """The games of PGN files as (UCI moves, result), in file order: standard chess from the initial position
+    only, as game_transitions expects. -> (games, {why: count} of the games skipped: a variant, a set-up start
+    position (puzzles, studies), a move or a game python-chess cannot read, a null move, no moves)."""
+    games, skipped = [], Counter()
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:  # python-chess drops a byte-order mark itself
+            while True:
+                try:
+                    game = chess.pgn.read_game(f, Visitor=_QuietGameBuilder)
+                except Exception:  # python-chess fails on some malformed games (IndexError); the next one reads on
+                    skipped["that python-chess cannot read"] += 1
+                    continue
+                if game is None:
+                    break
+                variant = game.headers.get("Variant", "Standard").lower()
+                why = ("of a variant" if variant not in ("standard", "chess") else
+                       "set up from a FEN" if game.board().fen() != chess.STARTING_FEN else
+                       "with a move python-chess cannot read" if game.errors else None)
+                moves = list(game.mainline_moves()) if why is None else []
+                if why is None and not all(moves):  # a null move ("--"), which no position has
+                    why = "with a null move"
+                if why is None and not moves:
+                    why = "without moves"
+                if why:
+                    skipped[why] += 1
+                else:
+                    games.append(([m.uci() for m in moves], game.headers.get("Result", "*")))
+    return games, skipped
+
+
+def build_from_pgn(a):
+    """--pgn: a held-out set from games the user gives (real games): --eval P: positions drawn over their plies
+    and --eval_transitions A: transitions, equal per history bucket, of the moves played; nothing excluded, as a
+    real game's opening is also in the training games."""
+    t0 = time.time()
+    try:
+        games, skipped = read_pgn(a.pgn)
+    except OSError as e:  # a file that cannot be read (its existence was checked with the flags)
+        sys.exit(f"annotate.py --pgn: {error_sentence(e)}")
+    said = "; skipped " + ", ".join(f"{n} {why}" for why, n in skipped.items()) if skipped else ""
+    if not games:
+        sys.exit(f"annotate.py --pgn: no game of standard chess from the initial position in {', '.join(a.pgn)}{said}")
+    positions = game_positions(games, random.Random(f"{a.seed}-pgn-P"), a.eval)
+    env = game_env_records(games, random.Random(f"{a.seed}-pgn-A"), per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
+    if len(positions) < a.eval or len(env) < a.eval_transitions - a.eval_transitions % len(HISTORY_BUCKETS):
+        print(f"annotate.py: the {len(games)} games hold {len(positions)} of the {a.eval} positions and {len(env)} of "
+              f"the {a.eval_transitions} transitions asked; writing those")
+    with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
+        labels = ann.annotate([fen for fen, _, _ in positions])
+        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "games": len(games),
+                "pgn": [os.path.basename(path) for path in a.pgn], "command": "python mini/annotate.py " + " ".join(a.argv)}
+    write_jsonl(a.eval_path, meta, positions, labels, env)
+    print(f"wrote {len(positions)} P: positions and {len(env)} A: transitions of {len(games)} games to {a.eval_path}"
+          f"{said} ({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
+
+
 def build_mate_pool(a):
     """--mates: a training pool of a.pool mate-in-one positions (P: only, no history), labelled like the rest: so
     that a GRPO run meets mates in every few steps (the generated and realistic pools hold about 2.5% mate
@@ -286,7 +351,7 @@ def main(argv=None):
     p.add_argument("--eval_games", type=int, default=100, help="held-out games (with --games; 0 writes no held-out "
                    "set: a further training pool under another --seed, free of every shipped held-out position)")
     p.add_argument("--eval_transitions", type=int, default=600, help="held-out A: transitions, equal per history bucket "
-                   "(with --games)")
+                   "(with --games or --pgn)")
     p.add_argument("--transitions", type=int, default=0, help="at most this many A: transitions in the pool, drawn "
                    "uniformly (with --games; 0: every one)")
     p.add_argument("--cut_rate", type=float, default=0.25, help="share of the pool's A: transitions whose history is cut "
@@ -298,6 +363,9 @@ def main(argv=None):
     p.add_argument("--mates", action=Switch, default=False, help="instead of generated positions: --pool positions with a "
                    "mate in one (positions.build_mates, the generator of the mate-in-one test set, under --seed; none "
                    "held out), a training pool written to --pool_path, which it needs")
+    p.add_argument("--pgn", nargs="+", metavar="FILE", help="instead of generated positions: a held-out set (no pool) "
+                   f"from the games of these PGN files, --eval positions and --eval_transitions A: transitions, "
+                   f"written to --eval_path (default {PGN_EVAL_PATH})")
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
     if a.describe:
@@ -308,11 +376,18 @@ def main(argv=None):
                 sys.exit(f"annotate.py --describe: {error_sentence(e)}")
         return
     a.argv = sys.argv[1:] if argv is None else argv
+    if a.pgn:
+        clash = [f"--{k}" for k in ("games", "mates", "pool_path") if getattr(a, k) != p.get_default(k)]
+        if clash:
+            p.error(f"--pgn writes a held-out set of the games given: leave out {', '.join(clash)}")
+        for path in a.pgn:
+            if not os.path.isfile(path):
+                p.error(f"--pgn {path}: {'a folder' if os.path.isdir(path) else 'no such file'}; give PGN files of games")
     games_only = [f"--{k}" for k in ("eval_games", "eval_transitions", "transitions", "cut_rate", "king_shares")
-                  if getattr(a, k) != p.get_default(k)]
+                  if getattr(a, k) != p.get_default(k) and not (a.pgn and k == "eval_transitions")]
     if games_only and not a.games:
         p.error(f"{', '.join(games_only)} draw from played games: give --games N too, or leave them out")
-    writes_held_out = not a.mates and (a.eval_games > 0 if a.games else a.eval > 0)
+    writes_held_out = not a.mates and not a.pgn and (a.eval_games > 0 if a.games else a.eval > 0)
     if a.pool_path and not a.eval_path and writes_held_out:  # a pool sent elsewhere: its held-out set would not be
         p.error(f"--pool_path alone would write the held-out set over the shipped "
                 f"{os.path.relpath(REAL_EVAL_PATH if a.games else EVAL_PATH)}; give --eval_path PATH too, or "
@@ -325,6 +400,9 @@ def main(argv=None):
         if not a.pool_path or a.games:
             p.error("--mates writes a training pool of its own: give it --pool_path PATH, and no --games")
         return build_mate_pool(a)
+    if a.pgn:
+        a.eval_path = a.eval_path or PGN_EVAL_PATH
+        return build_from_pgn(a)
     if a.games:
         a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
         return build_from_games(a)

@@ -14,7 +14,7 @@ from mini.annotate import main
 from mini.config import EVAL_PATH, REAL_EVAL_PATH
 from mini.dataset import held_out_keys, load_jsonl
 from mini.formats import position_key
-from mini.positions import build_mates
+from mini.positions import build_mates, history_bucket
 from mini.stockfish import Annotator, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
 
 try:
@@ -252,6 +252,88 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
                       (tmp_path / "nowhere.jsonl", f"{tmp_path / 'nowhere.jsonl'}: no such file or directory")):
         with pytest.raises(SystemExit, match=re.escape(f"annotate.py --describe: {says}")):  # no traceback
             main(["--describe", str(bad)])
+
+
+RUY_20 = "1. e4 e5 2. Nf3 Nc6 3. Bb5 a6 4. Ba4 Nf6 5. O-O Be7 6. Re1 b5 7. Bb3 d6 8. c3 O-O 9. h3 Nb8 10. d4 Nbd7 1/2-1/2"
+RUY_20_UCI = ("e2e4 e7e5 g1f3 b8c6 f1b5 a7a6 b5a4 g8f6 e1g1 f8e7 f1e1 b7b5 a4b3 d7d6 c2c3 e8g8 h2h3 c6b8 d2d4 "
+              "b8d7").split()
+
+
+def write_pgn(path, *games):
+    tags = lambda i, headers: f'[Event "test {i}"]' + (f"\n{headers}" if headers else "")
+    path.write_text("\ufeff" + "\n\n".join(f"{tags(i, headers)}\n\n{moves}" for i, (headers, moves) in enumerate(games))
+                    + "\n", encoding="utf-8")  # with a byte-order mark, as some editors write
+
+
+def test_read_pgn_keeps_standard_games_from_the_initial_position(tmp_path):
+    """The games as UCI moves with their result; a variant, a set-up position, an illegal move, a null move and a
+    game without moves are skipped and counted, the file's other games still read."""
+    path = tmp_path / "g.pgn"
+    write_pgn(path, ('[Result "1/2-1/2"]', RUY_20),
+              ('[Variant "Atomic"]', "1. e4 e5 *"),
+              ('[SetUp "1"]\n[FEN "8/8/4k3/8/8/4K3/4P3/8 w - - 0 60"]', "60. Kd4 *"),
+              ("", "1. e4 e5 2. Ke3 *"),  # illegal
+              ("", "1. e4 -- 2. d4 *"),  # a null move
+              ("", "*"),
+              ('[Variant "Standard"]\n[Result "1-0"]', "1. f3 e5 2. g4 Qh4# 0-1"))
+    games, skipped = annotate.read_pgn([str(path)])
+    assert games == [(RUY_20_UCI, "1/2-1/2"), ("f2f3 e7e5 g2g4 d8h4".split(), "1-0")]  # the header's result
+    assert skipped == {"of a variant": 1, "set up from a FEN": 1, "with a move python-chess cannot read": 1,
+                       "with a null move": 1, "without moves": 1}
+
+
+@pytest.mark.parametrize("flags, says", [(["--games", "2"], "--pgn writes a held-out set of the games given: leave out --games"),
+                                         (["--pool_path", "p.jsonl"], "leave out --pool_path"),
+                                         (["--transitions", "5"], "--transitions draw from played games"),
+                                         ([], "--pgn nowhere.pgn: no such file; give PGN files of games"),
+                                         (["--pgn", "."], "--pgn .: a folder; give PGN files of games")])
+def test_pgn_flags_that_cannot_apply_stop_before_any_work(flags, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if flags:
+        write_pgn(tmp_path / "nowhere.pgn", ("", RUY_20))
+    with pytest.raises(SystemExit) as stop:
+        main(["--pgn", "nowhere.pgn", "--stockfish_path", "/nonexistent/stockfish", "--cache", ""] + flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and says in err[0]
+
+
+@needs_stockfish
+def test_pgn_set_is_the_games_positions_and_moves_labelled(tmp_path, capsys, monkeypatch):
+    """--pgn: P: positions of the games' plies with the moves that led there, Stockfish's labels; A: transitions
+    of the moves played (or an illegal one) with histories cut within each bucket from the game's own; fewer than
+    asked is said; a file of no usable game, or one that cannot be read, is one sentence."""
+    pgn, out = tmp_path / "g.pgn", tmp_path / "eval-pgn.jsonl"
+    write_pgn(pgn, ("", RUY_20), ('[Variant "Atomic"]', "1. e4 e5 *"))
+    main(["--pgn", str(pgn), "--eval", "30", "--eval_transitions", "9", "--depth", "4", "--workers", "1",
+          "--cache", "", "--eval_path", str(out)])
+    printed = capsys.readouterr().out
+    assert "the 1 games hold 20 of the 30 positions and 9 of the 9 transitions asked" in printed
+    assert "skipped 1 of a variant" in printed
+    meta = json.loads(out.read_text().splitlines()[0])["meta"]
+    assert meta["games"] == 1 and meta["pgn"] == ["g.pgn"] and meta["limit"] == "depth=4"
+    samples = load_jsonl(str(out))
+    before = {}  # each ply's position -> the moves that led there
+    board = chess.Board()
+    for move in RUY_20_UCI:
+        before[board.fen()] = [m.uci() for m in board.move_stack]
+        board.push_uci(move)
+    policy, env = [s for s in samples if s.task == "P"], [s for s in samples if s.task == "A"]
+    assert sorted(s.fen for s in policy) == sorted(before)
+    for s in policy:
+        assert s.history == before[s.fen][-9:] and s.best in {m.uci() for m in chess.Board(s.fen).legal_moves}
+    assert sorted(history_bucket(len(s.history)) for s in env) == ["1-2"] * 3 + ["3-5"] * 3 + ["6-10"] * 3
+    for s in env:
+        led = before[s.fen]
+        assert s.history[:-1] == led[len(led) - len(s.history) + 1:]  # a cut of the game's own history
+    with pytest.raises(SystemExit, match="no game of standard chess from the initial position in .*skipped 1 of a variant"):
+        write_pgn(pgn, ('[Variant "Atomic"]', "1. e4 e5 *"))
+        main(["--pgn", str(pgn), "--depth", "4", "--workers", "1", "--cache", "", "--eval_path", str(out)])
+
+    def unreadable(paths):
+        raise PermissionError(13, "Permission denied", paths[0])
+    monkeypatch.setattr(annotate, "read_pgn", unreadable)
+    with pytest.raises(SystemExit, match=re.escape(f"annotate.py --pgn: {pgn}: permission denied; check the path")):
+        main(["--pgn", str(pgn), "--depth", "4", "--workers", "1", "--cache", "", "--eval_path", str(out)])
 
 
 class ScreenAnnotator:
