@@ -336,13 +336,15 @@ def test_informative_groups_by_hand():
     assert train.grpo.informative_groups(rewards, 3, min_std=0.01).tolist() == [False, True, False]
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_the_reference_in_bf16_gives_a_kl_of_exactly_0_at_step_1(tiny, tmp_path, bf16):
+@pytest.mark.parametrize("bf16, fused", [(True, False), (True, True), (False, False)])
+def test_the_reference_in_bf16_gives_a_kl_of_exactly_0_at_step_1(tiny, tmp_path, bf16, fused):
     """Under bf16 autocast (--bf16_cpu here, --bf16 on CUDA) the frozen reference holds its matmul weights in bf16
     (GPT.cast_matmuls; the embedding lookup and LayerNorm in fp32), and its log-probs are bitwise the
-    policy's at the first step: the KL is exactly 0. Without autocast the reference stays fp32."""
+    policy's at the first step: the KL is exactly 0, also with --fused_logprobs, whose output layer runs after
+    the autocast region has closed (in autocast's dtype, logprobs.Head.of). Without autocast the reference
+    stays fp32."""
     trainer = train.Trainer(parse_args(args(tiny, tmp_path, "bf16", 1, "--kl_type", "k3", "--micro_batch_size", "4",
-                                            *(["--bf16_cpu"] if bf16 else []))))
+                                            *(["--bf16_cpu"] if bf16 else []), *(["--fused_logprobs"] if fused else []))))
     ref = trainer.ref
     want = torch.bfloat16 if bf16 else torch.float32
     assert ref.lm_head.weight.dtype == ref.transformer.h[0].mlp.c_fc.bias.dtype == want
