@@ -395,10 +395,13 @@ def test_each_submitted_fen_gets_its_own_chunks_labels():
 
 
 def test_engine_deadline_by_hand():
-    """ENGINE_GRACE_S + 20 x the search's guess (its time; 100k nodes a second; 1 ms x 1.6^depth) x MultiPV lines."""
+    """ENGINE_GRACE_S + 20 x the search's guess (its time; 100k nodes a second; 1 ms x 1.6^depth, depth at most
+    40) x MultiPV lines."""
     assert engine_deadline(chess.engine.Limit(time=2.0)) == 10 + 20 * 2.0
     assert engine_deadline(chess.engine.Limit(nodes=100_000), multipv=5) == 10 + 20 * 1.0 * 5
     assert engine_deadline(chess.engine.Limit(depth=10), multipv=2) == pytest.approx(10 + 20 * 1e-3 * 109.9511627776 * 2)
+    # the guess stops growing at depth 40 (1.6^40 ms, about 40 hours): a deeper search still has a deadline
+    assert engine_deadline(chess.engine.Limit(depth=60)) == engine_deadline(chess.engine.Limit(depth=40)) < 5e6
 
 
 if __name__ == "__main__":

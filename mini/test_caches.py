@@ -7,10 +7,12 @@ this Annotator's settings in any one of them is a miss: a planted record with a 
 
     python mini/test_caches.py
 """
+import json
 import os
 import socket
 
 import chess
+import chess.engine
 import pytest
 
 import mini.runs as runs
@@ -71,6 +73,44 @@ def test_an_eval_after_a_move_is_reused_only_under_the_same_settings(tmp_path, s
         cp = ann.evals_after([(START, "e2e4")])[START, "e2e4"]
         assert (cp == 12345) is hit and ann.stats["hits"] == int(hit) and ann.stats["misses"] == int(not hit)
         assert abs(cp) < 200 or hit  # a searched eval of 1. e4 is near equal
+
+
+@needs_stockfish
+def test_a_move_cache_line_still_being_written_is_read_once_it_is_whole(tmp_path):
+    """The move cache is shared with other processes: a line another writer has not finished is left for a later
+    read, not skipped as malformed (which would lose it, and garble the read after it)."""
+    cache = tmp_path / "moves.jsonl"
+    append_jsonl(str(cache), [move_record()])
+    line = json.dumps(move_record(move="d2d4", cp=23456)) + "\n"
+    with open(cache, "a") as f:
+        f.write(line[:30])  # cut mid-record
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        assert (START, "e2e4") in ann.move_cache and (START, "d2d4") not in ann.move_cache
+        with open(cache, "a") as f:
+            f.write(line[30:])
+        assert ann.evals_after([(START, "d2d4")]) == {(START, "d2d4"): 23456}
+        assert ann.stats["hits"] == 1 and ann.stats["misses"] == 0
+
+
+@needs_stockfish
+def test_a_search_without_a_score_is_not_cached(tmp_path, monkeypatch):
+    """An eval the engine did not give (None) is rejected and searched again next time, never written."""
+    cache = tmp_path / "moves.jsonl"
+    monkeypatch.setattr(Annotator, "_eval_after", lambda self, fen, move: (None, 0.0))
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        for _ in range(2):
+            assert ann.evals_after([(START, "e2e4")]) == {(START, "e2e4"): None}
+        assert ann.stats["misses"] == 2 and ann.stats["rejected"] == 2 and not cache.exists()
+
+
+@needs_stockfish
+@pytest.mark.parametrize("settings, limit", [(dict(depth=3), chess.engine.Limit(depth=3)),
+                                             (dict(depth=3, nodes=500), chess.engine.Limit(nodes=500)),
+                                             (dict(depth=3, time_s=0.05), chess.engine.Limit(time=0.05))])
+def test_the_search_limit_is_the_one_its_cache_lines_are_tagged_with(settings, limit):
+    with Annotator(workers=1, cache_path="", **settings) as ann:
+        assert ann.limit == limit
+        assert ann.tag == ("time=0.05" if limit.time else f"nodes={limit.nodes}" if limit.nodes else f"depth={limit.depth}")
 
 
 @needs_stockfish
