@@ -1639,6 +1639,11 @@ MUTANTS = [
     Mutant("plots_every_panel_smoothed", "KL, grad norm and the other unsmoothed panels get a rolling mean too",
            "plots.py", "draw_lines(ax, runs, keys, window if smooth else 0)", "draw_lines(ax, runs, keys, window)",
            ("mini/test_plots.py::test_training_figure_panels_and_overlaid_runs",)),
+    Mutant("draw_past_the_kept_tokens", "sampling compares u with an unnormalised running sum: when fp32 rounding leaves "
+           "the sum below u, the draw falls past the kept tokens onto the last one, which top_k gave p = 0",
+           "sampler.py", "nxt = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)[:, 0]",
+           "nxt = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]",
+           ("mini/test_sampler.py::test_sample_next_never_draws_a_token_of_probability_0",)),
     # Stockfish calls and caches (mini/stockfish.py), third pass
     Mutant("move_cache_half_line_skipped", "a move-cache line another process is still writing is skipped as malformed, and lost",
            "stockfish.py", "whole = chunk[:chunk.rfind(b\"\\n\") + 1]",

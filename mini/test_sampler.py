@@ -214,6 +214,12 @@ def test_sample_next_never_draws_a_token_of_probability_0():
     for u in (0.0, 1 - 2 ** -24):
         nxt, logp = sample_next(logits, 1.0, 2, u=torch.tensor([u]))
         assert nxt.item() in (2, 3) and torch.isfinite(logp).all(), (u, nxt)
+    # seven kept probabilities whose fp32 running sum ends at 1 - 2^-23, below the largest u: u is scaled to
+    # the sum, so the draw still lands on a kept token, not past them on the last one, which top_k dropped
+    logits = torch.tensor([[0.7649482, 5.4127455, -1.3507125, -1.4490962, 1.9731227, 2.8159699, 3.3951921, -50.0]])
+    assert torch.softmax(logits[:, :7], -1).cumsum(-1)[0, -1] < 1 - 2 ** -24
+    nxt, logp = sample_next(logits, 1.0, 7, u=torch.tensor([1 - 2 ** -24]))
+    assert nxt.item() == 6 and torch.isfinite(logp).all()
 
 
 def test_generate_rejects_too_long_requests_and_empty_prompts():
