@@ -1644,6 +1644,13 @@ MUTANTS = [
            "sampler.py", "nxt = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)[:, 0]",
            "nxt = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]",
            ("mini/test_sampler.py::test_sample_next_never_draws_a_token_of_probability_0",)),
+    Mutant("k3_gradient_into_the_reference", "k3 differentiates the reference's log-probs too, when they come with a graph",
+           "grpo.py", "d = ref_logp.detach() - logp", "d = ref_logp - logp",
+           ("mini/test_grpo.py::test_k3_sends_no_gradient_into_the_reference",)),
+    Mutant("ratio_through_old_logprobs", "the ratio differentiates the behaviour policy's log-probs: called with old = "
+           "logp on the first iteration, the ratio is constant and the policy gradient 0",
+           "grpo.py", "ratio = torch.exp(logp - old_logp.detach())  # (N, T)", "ratio = torch.exp(logp - old_logp)  # (N, T)",
+           ("mini/test_grpo.py::test_first_iteration_gradient_is_reinforce_with_baseline",)),
     # Stockfish calls and caches (mini/stockfish.py), third pass
     Mutant("move_cache_half_line_skipped", "a move-cache line another process is still writing is skipped as malformed, and lost",
            "stockfish.py", "whole = chunk[:chunk.rfind(b\"\\n\") + 1]",

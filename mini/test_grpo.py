@@ -158,7 +158,8 @@ def test_first_iteration_gradient_is_reinforce_with_baseline(loss_type):
     temp = 0.7
     x = logits.clone().requires_grad_(True)
     logp = token_logprobs(x, ids, temp)
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type)
+    # old_logp as it comes, with its graph: the loss takes no gradient through the behaviour policy's side
+    loss, _ = policy_loss(logp, logp, adv, mask, loss_type=loss_type)
     loss.backward()
 
     y = logits.clone().requires_grad_(True)
@@ -361,6 +362,15 @@ def test_k3_nonnegative(p, d):
     k3 = k3_kl(torch.tensor([p]), torch.tensor([q])).item()
     assert k3 >= 0
     assert k3 == pytest.approx(math.exp(q - p) - (q - p) - 1, rel=1e-4, abs=1e-6)
+
+
+def test_k3_sends_no_gradient_into_the_reference():
+    """∂k3/∂p = 1 − exp(q − p) per token, and none to q, the reference's log-prob, even when it has a graph."""
+    p = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    q = torch.tensor([-1.5, -1.0, -0.5], requires_grad=True)
+    k3_kl(p, q).sum().backward()
+    assert q.grad is None
+    assert torch.allclose(p.grad, 1 - torch.exp(q.detach() - p.detach()))
 
 
 def test_k3_is_unbiased_for_kl_on_policy_samples():
