@@ -107,6 +107,20 @@ def test_env_alterations_in_order():
     assert score(s, off_by_one)[1]["fen_similarity"] > 0.95
 
 
+def test_env_components_by_hand():
+    """fen_similarity is 1 - distance / the longer FEN's length (a short guess cannot go below 0), and the
+    reward is exact only when equal: 0 is not the 0.001 of a plain move."""
+    s = parse_line(A_LINES[0])
+    true_fen = s.next_fen
+    empty = "8/8/8/8/8/8/8/8 w - - 0 1"  # a well-formed FEN, far shorter than the true one
+    comps = score(s, empty + "+0.001+0+0")[1]
+    assert comps["format_valid"] == 1.0 and comps["reward_exact"] == 1.0
+    assert comps["fen_similarity"] == pytest.approx(1 - naive_levenshtein(empty, true_fen) / len(true_fen))
+    assert 0 <= comps["fen_similarity"] < 0.5
+    zero = s.completion.replace("+0.001+", "+0+")
+    assert score(s, zero)[1]["reward_exact"] == 0.0 and score(s, zero)[1]["fen_exact"] == 1.0
+
+
 def test_graduated_levels_and_components():
     p, a = parse_line(P_LINES[0]), parse_line(A_LINES[0])
     for s, c in [(p, p.completion.replace("B: b3b5", "B: b3b7")), (p, " M: a1a1 E: 0 B: a1a1"), (p, "junk"),
