@@ -1659,6 +1659,14 @@ MUTANTS = [
            "reward_scorer.py", "float(math.isclose(reward, sample.reward, abs_tol=1e-9))",
            "float(math.isclose(reward, sample.reward, abs_tol=1e-2))",
            ("mini/test_reward_scorer.py::test_env_components_by_hand",)),
+    Mutant("illegal_move_state_rewritten", "an illegal move's unchanged state is python-chess's FEN, not the FEN given "
+           "(an en passant square no pawn can take on disappears)",
+           "formats.py", "        return fen, -1.0, 0, 1\n    board.push_uci(move)",
+           "        return board.fen(), -1.0, 0, 1\n    board.push_uci(move)",
+           ("mini/test_formats.py::test_env_ground_truth",)),
+    Mutant("arbiter_fields_unstripped", "an A: completion with spaces around its '+' fields is unparseable",
+           "formats.py", 'parts = [p.strip() for p in text.strip().split("+")]', 'parts = text.strip().split("+")',
+           ("mini/test_formats.py::test_an_a_completion_may_space_its_fields",)),
     # Stockfish calls and caches (mini/stockfish.py), third pass
     Mutant("move_cache_half_line_skipped", "a move-cache line another process is still writing is skipped as malformed, and lost",
            "stockfish.py", "whole = chunk[:chunk.rfind(b\"\\n\") + 1]",

@@ -5,7 +5,7 @@
 import chess
 import pytest
 
-from mini.formats import (env_completion, env_prompt, illegal_kind, parse_line, policy_prompt, policy_sample,
+from mini.formats import (env_completion, env_prompt, illegal_kind, parse_env, parse_line, policy_prompt, policy_sample,
                           position_key, repad)
 from mini.tokenizer import Tokenizer
 
@@ -110,6 +110,10 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
     (START, "0000", START + "+-1.0+0+1"),
     (START, "Nf3", START + "+-1.0+0+1"),
     (START, "", START + "+-1.0+0+1"),
+    # the state left unchanged is the FEN as given, here with an en passant square no pawn can take on, which
+    # python-chess would not write: a real game's FEN as other tools write it after every double step
+    ("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1", "e2e4",
+     "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+-1.0+0+1"),
     # castling written king-takes-rook: python-chess's legal_moves accepts it, the one rule (legal_ucis) does not
     ("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1", "e1h1", "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1+-1.0+0+1"),
     ("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R b KQkq - 0 1", "e8a8", "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R b KQkq - 0 1+-1.0+0+1"),
@@ -138,6 +142,12 @@ def test_env_ground_truth(fen, move, expected):
 def test_illegal_kind(fen, move, expected):
     assert illegal_kind(fen, move) == expected
 
+
+
+def test_an_a_completion_may_space_its_fields():
+    """parse_env reads fields with spaces around them, as a model may write them; the FEN stays text."""
+    fen = "8/8/8/8/8/2k5/7R/K7 b - - 1 100"
+    assert parse_env(f" {fen} + 0.001 +0+ 0 ") == (fen, 0.001, 0, 0) == parse_env(f"{fen}+1e-3+0+0")
 
 
 def test_an_a_line_is_labelled_by_python_chess():
