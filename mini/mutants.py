@@ -1667,6 +1667,10 @@ MUTANTS = [
     Mutant("arbiter_fields_unstripped", "an A: completion with spaces around its '+' fields is unparseable",
            "formats.py", 'parts = [p.strip() for p in text.strip().split("+")]', 'parts = text.strip().split("+")',
            ("mini/test_formats.py::test_an_a_completion_may_space_its_fields",)),
+    Mutant("text_eval_last_transitions", "evaluate.py on a text file takes its last n A: lines, not its first n",
+           "evaluate.py", 'samples = [s for s in samples if s.task == "P"][:n_per_task] + [s for s in samples if s.task == "A"][:n_per_task]',
+           'samples = [s for s in samples if s.task == "P"][:n_per_task] + [s for s in samples if s.task == "A"][-n_per_task:]',
+           ("mini/test_evaluate.py::test_realistic_eval_set_takes_its_own_transitions_and_padding",)),
     # Stockfish calls and caches (mini/stockfish.py), third pass
     Mutant("move_cache_half_line_skipped", "a move-cache line another process is still writing is skipped as malformed, and lost",
            "stockfish.py", "whole = chunk[:chunk.rfind(b\"\\n\") + 1]",

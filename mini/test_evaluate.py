@@ -117,6 +117,11 @@ def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
     for pad in (90, 89):
         (p,) = ev.load_eval_set(str(text), 5, pad)
         assert p.prompt == "P: " + p.fen + " " * (pad - 1 - len(p.fen))
+    # a text file's first n lines of each task, in the file's order, whatever the order of the tasks
+    text.write_text("\n".join(A_LINES[:1] + P_LINES + A_LINES[1:] * 3) + "\n")
+    got = ev.load_eval_set(str(text), 2, 90)
+    want = [parse_line(line) for line in P_LINES[:2] + A_LINES[:2]]
+    assert [(s.task, s.fen, s.move) for s in got] == [(s.task, s.fen, s.move) for s in want]
 
 
 def test_text_lines_label_versus_pv1():
