@@ -216,25 +216,30 @@ def read_pgn(paths):
             while True:
                 try:
                     game = chess.pgn.read_game(f, Visitor=_QuietGameBuilder)
-                except Exception:  # python-chess fails on some malformed games (IndexError); the next one reads on
-                    skipped["that python-chess cannot read"] += 1
-                    continue
-                if game is None:
-                    break
-                variant = game.headers.get("Variant", "Standard").lower()
-                why = ("of a variant" if variant not in ("standard", "chess") else
-                       "set up from a FEN" if game.board().fen() != chess.STARTING_FEN else
-                       "with a move python-chess cannot read" if game.errors else None)
-                moves = list(game.mainline_moves()) if why is None else []
-                if why is None and not all(moves):  # a null move ("--"), which no position has
-                    why = "with a null move"
-                if why is None and not moves:
-                    why = "without moves"
+                    if game is None:
+                        break
+                    why, moves = _skipped_or_moves(game)
+                except Exception:  # python-chess fails on some malformed games (IndexError, a bad FEN header)
+                    why = "that python-chess cannot read"
                 if why:
                     skipped[why] += 1
                 else:
                     games.append(([m.uci() for m in moves], game.headers.get("Result", "*")))
     return games, skipped
+
+
+def _skipped_or_moves(game):
+    """(why read_pgn skips a game, None) or (None, its moves)."""
+    if game.headers.get("Variant", "Standard").lower() not in ("standard", "chess"):
+        return "of a variant", None
+    if game.board().fen() != chess.STARTING_FEN:
+        return "set up from a FEN", None
+    if game.errors:
+        return "with a move python-chess cannot read", None
+    moves = list(game.mainline_moves())
+    if not all(moves):  # a null move ("--"), which no position has
+        return "with a null move", None
+    return ("without moves", None) if not moves else (None, moves)
 
 
 def build_from_pgn(a):
