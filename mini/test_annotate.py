@@ -8,6 +8,7 @@ import signal
 import chess
 import chess.engine
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import mini.annotate as annotate
 from mini.annotate import main
@@ -282,6 +283,22 @@ def test_read_pgn_keeps_standard_games_from_the_initial_position(tmp_path):
     assert games == [(RUY_20_UCI, "1/2-1/2"), ("f2f3 e7e5 g2g4 d8h4".split(), "1-0")]  # the header's result
     assert skipped == {"of a variant": 1, "set up from a FEN": 1, "with a move python-chess cannot read": 1,
                        "with a null move": 1, "without moves": 1, "that python-chess cannot read": 1}
+
+
+PGN_PIECES = ['[Event "x"]', '[SetUp "1"]', '[FEN "8/8/8/8/8/8/8/8 w - - 0 1"]', '[FEN "bad"]', '[Variant "Atomic"]',
+              "1.", "e4", "e5", "Nf3", "Kf8", "O-O", "e8=Q", "--", "Z0", "(", ")", "{", "}", "$1", "!?", ";c", "%",
+              "0-1", "*", "\n", "\n\n", " ", "\ufeff", "é"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(PGN_PIECES), max_size=60).map(" ".join))
+def test_read_pgn_takes_any_text(tmp_path_factory, text):
+    """Garbled PGN never raises: each game is read, or skipped and counted."""
+    path = tmp_path_factory.mktemp("pgn") / "g.pgn"
+    path.write_text(text, encoding="utf-8")
+    games, skipped = annotate.read_pgn([str(path)])
+    assert all(moves and all(isinstance(m, str) for m in moves) for moves, _ in games)
+    assert all(n > 0 for n in skipped.values())
 
 
 @pytest.mark.parametrize("flags, says", [(["--games", "2"], "--pgn writes a held-out set of the games given: leave out --games"),
