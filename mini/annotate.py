@@ -51,6 +51,13 @@ def write_jsonl(path, meta, positions, labels, transitions=()):
     os.replace(tmp, path)
 
 
+def header(ann, a, **about):
+    """A data file's header record: the engine and limit that labelled it, the seed, what it was drawn from
+    (about), and the command that rebuilds it."""
+    return {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, **about,
+            "command": "python mini/annotate.py " + " ".join(a.argv)}
+
+
 GAMES_POOL_PATH = os.path.join("logs", "data", "pool-games.jsonl")  # not shipped: rebuilt by the command in README
 PGN_EVAL_PATH = os.path.join("logs", "data", "eval-pgn.jsonl")  # --pgn: the user's games, not shipped
 
@@ -189,8 +196,7 @@ def build_from_games(a):
     pool_env = game_env_records(train_games, random.Random(f"{a.seed}-pool-A"), exclude=held_out, cut_rate=a.cut_rate,
                                 limit=a.transitions)
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
-        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed,
-                "generator": "mini.positions.play_game", "command": "python mini/annotate.py " + " ".join(a.argv)}
+        meta = header(ann, a, generator="mini.positions.play_game")
         if a.eval_games:  # --eval_games 0: more training games only, the shipped held-out set untouched
             labels = ann.annotate([fen for fen, _, _ in eval_positions])  # the held-out set first: it is small
             write_jsonl(a.eval_path, {**meta, "games": a.eval_games}, eval_positions, labels, eval_env)
@@ -261,8 +267,7 @@ def build_from_pgn(a):
               f"the {a.eval_transitions} transitions asked; writing those")
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         labels = ann.annotate([fen for fen, _, _ in positions])
-        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "games": len(games),
-                "pgn": [os.path.basename(path) for path in a.pgn], "command": "python mini/annotate.py " + " ".join(a.argv)}
+        meta = header(ann, a, games=len(games), pgn=[os.path.basename(path) for path in a.pgn])
     write_jsonl(a.eval_path, meta, positions, labels, env)
     print(f"wrote {len(positions)} P: positions and {len(env)} A: transitions of {len(games)} games to {a.eval_path}"
           f"{said} ({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
@@ -277,8 +282,7 @@ def build_mate_pool(a):
     positions = [(r["fen"], [], r["phase"]) for r in records]
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         labels = ann.annotate([fen for fen, _, _ in positions])
-        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool,
-                "generator": "mini.positions.build_mates", "command": "python mini/annotate.py " + " ".join(a.argv)}
+        meta = header(ann, a, pool=a.pool, generator="mini.positions.build_mates")
     write_jsonl(a.pool_path, meta, positions, labels)
     print(f"wrote {len(positions)} mate-in-one positions to {a.pool_path} ({meta['stockfish']}, {ann.tag}) "
           f"in {time.time() - t0:.0f} s")
@@ -423,10 +427,8 @@ def main(argv=None):
     # the positions are distinct, so the eval set and the pool are disjoint
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         labels = ann.annotate([fen for fen, _, _ in positions])
-        meta = {"stockfish": ann.engine, "limit": ann.tag, "multipv": 5, "seed": a.seed, "pool": a.pool, "eval": a.eval,
-                "screen": f"depth={a.screen_depth}, |eval| > {a.max_eval} kept with p=0.25",
-                "generator": "mini.positions.iter_positions",
-                "command": "python mini/annotate.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+        meta = header(ann, a, pool=a.pool, eval=a.eval, screen=f"depth={a.screen_depth}, |eval| > {a.max_eval} kept "
+                      "with p=0.25", generator="mini.positions.iter_positions")
     if a.eval:  # --eval 0: a training pool only, the shipped held-out set untouched
         write_jsonl(a.eval_path, meta, positions[:a.eval], labels)
     write_jsonl(a.pool_path, meta, positions[a.eval:], labels)

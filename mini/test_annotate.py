@@ -304,14 +304,14 @@ def test_read_pgn_takes_any_text(tmp_path_factory, text):
 @pytest.mark.parametrize("flags, says", [(["--games", "2"], "--pgn writes a held-out set of the games given: leave out --games"),
                                          (["--pool_path", "p.jsonl"], "leave out --pool_path"),
                                          (["--transitions", "5"], "--transitions draw from played games"),
-                                         ([], "--pgn nowhere.pgn: no such file; give PGN files of games"),
+                                         ([], "--pgn games.pgn: no such file; give PGN files of games"),
                                          (["--pgn", "."], "--pgn .: a folder; give PGN files of games")])
 def test_pgn_flags_that_cannot_apply_stop_before_any_work(flags, says, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    if flags:
-        write_pgn(tmp_path / "nowhere.pgn", ("", RUY_20))
+    if flags:  # else the file is missing
+        write_pgn(tmp_path / "games.pgn", ("", RUY_20))
     with pytest.raises(SystemExit) as stop:
-        main(["--pgn", "nowhere.pgn", "--stockfish_path", "/nonexistent/stockfish", "--cache", ""] + flags)
+        main(["--pgn", "games.pgn", "--stockfish_path", "/nonexistent/stockfish", "--cache", ""] + flags)
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and says in err[0]
 
