@@ -83,12 +83,14 @@ def one_line_exit(capsys, fn, argv):
 
 
 @pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_a_bad_flag_is_one_line(capsys, argv, message):
+def test_a_bad_flag_is_one_line(capsys, monkeypatch, argv, message):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # "--device cuda" is refused on a GPU machine too
     err = one_line_exit(capsys, train.main, argv)
     assert ": error: " in err and message in err, err
 
 
-def test_the_same_checks_serve_every_script(capsys):
+def test_the_same_checks_serve_every_script(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # as on the CPU machines, whatever this one has
     assert "--batch_size 0 must be at least 1" in one_line_exit(capsys, sft.main, ["--batch_size", "0"])
     assert "--n_embd 100 must be a multiple of --n_head 3" in one_line_exit(capsys, sft.main, ["--n_embd", "100", "--n_head", "3"])
     assert "leave no step of --steps 10" in one_line_exit(capsys, sft.main, ["--steps", "10", "--decay_steps", "5"])
