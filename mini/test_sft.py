@@ -24,7 +24,7 @@ from mini.flags import parse_args
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import load_jsonl
 from mini.chess_eval import load_mates
-from mini.formats import Sample, policy_sample, position_key
+from mini.formats import Sample, policy_sample, position_key, repad
 from mini.positions import generate_positions, iter_positions
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
@@ -126,6 +126,24 @@ def test_short_run_learns_and_writes_a_snapshot(tok, tmp_path):
     with open(tmp_path / "r" / "sft.log") as f:
         log = f.read()
     assert "step    20 | loss" in log and "done: 20 steps" in log
+    distinct = len({position_key(s.fen) for s in load_jsonl(POOL_PATH) if s.task == "P"})
+    assert f"P: positions: {distinct:,} distinct, each drawn about {20 * 4 * 0.5 / distinct:.3g} times" in log
+
+
+def test_passes_over_positions_by_hand_and_against_the_draws():
+    """Each distinct P: position comes round samples * (1 - env_ratio) / distinct times: by hand on 3 samples of 2
+    positions (one given twice, at both paddings), and against 20,000 real draws of a PoolSource."""
+    from mini.dataset import PoolSource, StreamSource
+    pool = load_jsonl(POOL_PATH)[:2]
+    twice = [pool[0], pool[1], repad(pool[0], 89)]
+    source = PoolSource(twice, env_ratio=0.4, seed=0)
+    assert sft.passes_over_positions(source, 100, 0.4) == (2, 30.0)  # 100 draws, 60 of them P:, over 2 positions
+    draws = source.draw(20_000)
+    assert sum(s.task == "P" for s in draws) == pytest.approx(0.6 * 20_000, rel=0.03)
+    env_only = PoolSource([s for s in draws if s.task == "A"][:5], env_ratio=0.4)
+    assert sft.passes_over_positions(env_only, 100, 0.4) is None  # no P: positions to come round
+    stream = StreamSource.__new__(StreamSource)  # fresh positions: none comes round twice
+    assert sft.passes_over_positions(stream, 100, 0.4) is None
 
 
 def test_time_limit_stops_and_saves(tmp_path):
