@@ -94,6 +94,18 @@ def test_tensorboard_rewind_drops_the_abandoned_steps(tmp_path):
     assert [(e.step, e.value) for e in ea.Scalars("train/kl")] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]
 
 
+def test_tensorboard_closes_before_its_first_step_and_after_a_rewind(tmp_path):
+    """A run stopped before it logs anything, or right after a rollback, closes its reporter without an error
+    (the writer is made at the first step logged) and leaves no event file behind."""
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    make_reporter("tensorboard", str(tmp_path / "a"), {}).close()
+    r = make_reporter("tensorboard", str(tmp_path / "b"), {})
+    r.log(1, {"kl": 1.0})
+    r.rewind(1)
+    r.close()
+    assert not os.path.exists(tmp_path / "a" / "tensorboard")
+
+
 class FakeWandb:
     """wandb's init, log and finish, recorded: which run got which step."""
 

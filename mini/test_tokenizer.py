@@ -45,6 +45,7 @@ def test_known_ids():
     contractions = {"you'll": [5832, 1183], "we're": [732, 821], "they've": [9930, 1053], "I'm": [40, 1101],
                     "he'd": [258, 1549], "it's": [270, 338], "don't": [9099, 470]}  # the pattern splits 'll 're 've ...
     assert {text: tok.encode(text) for text in contractions} == contractions
+    assert tok.decode(tok.encode("🙂")[:1]) == "\ufffd"  # a cut character: U+FFFD, as GPT-2's decode (errors="replace")
 
 
 @pytest.mark.parametrize("text", TEXTS)
