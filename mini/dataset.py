@@ -77,7 +77,8 @@ def read_records(path, parse, skip_bad_lines=True):
                              "is it a RookWorld data file?") from None
         if bad + impossible <= 10:  # the first few name the problem, the counts cover the rest
             print(f"{path}:{i}: {why}", file=sys.stderr)
-    skipped = ", ".join(f"{n} {what}" for n, what in ((bad, "malformed lines"), (impossible, "impossible positions")) if n)
+    skipped = ", ".join(f"{n} {what}{'s' * (n > 1)}" for n, what in ((bad, "malformed line"), (impossible, "impossible position"))
+                        if n)
     if skipped:
         print(f"{path}: skipped {skipped}", file=sys.stderr)
     if not records:

@@ -420,18 +420,18 @@ def test_damaged_merges_that_are_not_text(tiny, tmp_path):
         load_model(snap)
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"fen": 1}'] * 3, ":1: the FEN is int 1, not a string"),
-    (["[" * 100_000 + "]" * 100_000], ":1: JSON nested too deeply"),
-    (["{}"] * 3, ":1: the record holds no position"),
+@pytest.mark.parametrize("lines, message, skipped", [
+    (['{"fen": 1}'] * 3, ":1: the FEN is int 1, not a string", "3 malformed lines"),
+    (["[" * 100_000 + "]" * 100_000], ":1: JSON nested too deeply", "1 malformed line"),
+    (["{}"] * 3, ":1: the record holds no position", "3 malformed lines"),
     (['{"fen": "KK6/8/8/8/8/8/8/7k w - - 0 1", "moves": ["a8b8"], "evals": [1.0]}'],
-     ":1: impossible position 'KK6/8/8/8/8/8/8/7k w - - 0 1' (too many kings)"),
+     ":1: impossible position 'KK6/8/8/8/8/8/8/7k w - - 0 1' (too many kings)", "1 impossible position"),
 ])
-def test_bad_data_lines(tiny, tmp_path, capsys, lines, message):
+def test_bad_data_lines(tiny, tmp_path, capsys, lines, message, skipped):
     data = tmp_path / "bad.jsonl"
     data.write_text("\n".join(lines) + "\n")
     err = fails_with(capsys, args(tiny, tmp_path, "r", 1, "--data_source", "file", "--data_file", str(data)),
-                     f"error: {data} holds no sample (")
+                     f"error: {data} holds no sample ({skipped})")
     assert f"{data}{message}" in err and "held-out" not in err
 
 
