@@ -1,11 +1,12 @@
 """
-Benchmarks, in three modes (random weights; real RookWorld prompts from the shipped pool):
+Benchmarks, in four modes (random weights; real RookWorld prompts from the shipped pool):
 
     python mini/bench.py [step]    # one GRPO step (Trainer.train_step) by phases, beside transformers' generate
                                    # and TRL's GRPOTrainer on the same weights and prompts
     python mini/bench.py sampler   # our generate against full recompute per token and transformers' generate
     python mini/bench.py scoring   # reward scoring, completions/s on one core
     python mini/bench.py scoring --engine   # and the --p_reward engine reward, cold and warm cache (Stockfish)
+    python mini/bench.py data [--data_file F1,F2]   # sft.py's training batches, samples/s on one core
     OMP_NUM_THREADS=1 python mini/bench.py --n_layer 4 --n_head 4 --n_embd 256 --prompts 4 --k 8 --new_tokens 64 \
         --steps 3 --trl_steps 3                                # CPU-sized, with the TRL comparison (~6 min)
 
@@ -47,7 +48,8 @@ PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 
 PEAK_GBPS = [("H100 PCIe", 2000.0), ("H100", 3350.0), ("H200", 4800.0), ("A100", 2039.0)]  # HBM
 MODE_DEFAULTS = {"step": dict(n_layer=12, n_head=12, n_embd=768, prompts=64, k=16),
                  "sampler": dict(n_layer=4, n_head=4, n_embd=256, prompts=4, k=4),
-                 "scoring": dict(prompts=500)}
+                 "scoring": dict(prompts=500),
+                 "data": dict(prompts=512)}
 GET_TRL = 'pip install -e ".[bench]"'
 
 
@@ -462,10 +464,30 @@ def bench_engine_reward(rng, positions, k, workers):
     return out
 
 
+def bench_data(a):
+    """sft.py's batch making on one core, what a data worker does (SFTData.batch, then encode_batch): samples/s
+    over --steps batches of --prompts after one warm-up, both paddings, at the GPU runs' A: share of 0.4
+    (--mix_env_ratio) on the shipped pool or --data_file. On a GPU these workers set the pace of sft.py (RESULTS.md, "A fourth run")."""
+    from mini.flags import parse_args
+    from mini.sft import SFTData, encode_batch
+    from mini.tokenizer import Tokenizer
+    argv = ["--seed", str(a.seed), "--mix_env_ratio", str(a.mix_env_ratio), "--policy_pad", "both"]
+    if a.data_file:
+        argv += ["--data_source", "file", "--data_file", a.data_file]
+    data, tok = SFTData(parse_args(argv, "sft")), Tokenizer.gpt2()
+    encode_batch(data.batch(a.prompts), tok, "cpu")
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        encode_batch(data.batch(a.prompts), tok, "cpu")
+    rate = a.steps * a.prompts / (time.perf_counter() - t0)
+    print(f"data: {rate:,.0f} samples/s on one core ({a.steps} batches of {a.prompts}, A: share {a.mix_env_ratio})")
+    return {"mode": "data", "samples_s": rate}
+
+
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    p = Parser(__doc__, usage="%(prog)s [step|sampler|scoring] [options]",
+    p = Parser(__doc__, usage="%(prog)s [step|sampler|scoring|data] [options]",
                checks={"prompts": at_least(1), "k": at_least(1), "new_tokens": at_least(2), "steps": at_least(1),
                        "peak_tflops": at_least(0), "peak_gbps": at_least(0), "trl_steps": at_least(1)})
     p.add_argument("mode", nargs="?", default="step", choices=list(MODE_DEFAULTS))
@@ -499,17 +521,21 @@ def main(argv=None):
     p.add_argument("--engine", action="store_true", help="scoring: also the --p_reward engine reward, cold and warm cache")
     p.add_argument("--no_trl", action="store_true", help="step: skip the TRL comparison")
     p.add_argument("--trl_steps", type=int, default=2, help="timed TRL steps after one warm-up")
+    p.add_argument("--data_file", default="", help="data: comma-separated pools or text files (default: the shipped pool)")
+    p.add_argument("--mix_env_ratio", type=float, default=0.4, help="data: the A: share of the batches")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
     a = p.parse_args(argv)
     if a.mode != "step" and a.model_path:
         p.error(f"--model_path times a trained model in the step mode only; the {a.mode} mode would ignore it")
+    if a.data_file and a.mode != "data":
+        p.error(f"--data_file feeds the data mode only; the {a.mode} mode would ignore it")
     if a.mode == "step" and a.model_path and not a.real_lengths:
         p.error("--model_path goes with --real_lengths: a trained model's rows stop at EOS, so the comparisons and "
                 "the decode bandwidth would count --new_tokens tokens that never ran")
     for k, v in MODE_DEFAULTS[a.mode].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring}[a.mode](a)
+    out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring, "data": bench_data}[a.mode](a)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mini import bench
+from mini.config import POOL_PATH
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HAS_TRL = all(importlib.util.find_spec(m) for m in ("trl", "datasets", "transformers"))
@@ -120,6 +121,17 @@ def test_sampler_and_scoring_modes(tmp_path, capsys):
         e = json.loads((tmp_path / "e.json").read_text())
         assert all(e[f"P_{n}_completions_s"] > 0 for n in ("labels", "engine_cold", "engine_warm"))
         assert capsys.readouterr().out.count("(4 completions, scored in-process)") == 3  # --score_workers -1 on a CPU
+
+
+def test_data_mode_times_sfts_batches(tmp_path, capsys):
+    """bench.py data makes sft.py's batches from the shipped pool or --data_file, and refuses --data_file elsewhere."""
+    assert bench.main(["data", "--prompts", "16", "--steps", "2", "--json", str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["samples_s"] > 0
+    assert "(2 batches of 16, A: share 0.4)" in capsys.readouterr().out
+    assert bench.main(["data", "--prompts", "4", "--steps", "1", "--data_file", POOL_PATH]) == 0
+    with pytest.raises(SystemExit):
+        bench.main(["scoring", "--data_file", POOL_PATH])
+    assert "--data_file feeds the data mode only" in capsys.readouterr().err
 
 
 def test_update_flops_and_decode_bytes_by_hand():
