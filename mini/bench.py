@@ -467,7 +467,8 @@ def bench_engine_reward(rng, positions, k, workers):
 def bench_data(a):
     """sft.py's batch making on one core, what a data worker does (SFTData.batch, then encode_batch): samples/s
     over --steps batches of --prompts after one warm-up, both paddings, at the GPU runs' A: share of 0.4
-    (--mix_env_ratio) on the shipped pool or --data_file. On a GPU these workers set the pace of sft.py (RESULTS.md, "A fourth run")."""
+    (--mix_env_ratio) on the shipped pool or --data_file. Set beside a GPU run's samples/s (steps/s x batch) over
+    its --data_workers, it says whether those workers can be what holds the run back."""
     from mini.flags import parse_args
     from mini.sft import SFTData, encode_batch
     from mini.tokenizer import Tokenizer
