@@ -392,6 +392,10 @@ def main(argv=None):
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
         samples = load_eval_set(args.data, args.n, args.pad)
+        held = {t: sum(s.task == t for s in samples) for t in ("P", "A")}
+        if min(held.values()) < args.n:  # a larger --n than the set: say what is evaluated instead
+            print(f"evaluate.py: --n {args.n} is more than {args.data or EVAL_PATH} holds; evaluating its "
+                  f"{held['P']} P: and {held['A']} A: prompts", file=sys.stderr)
         model, tok = load_model(args.model_path, device)
         t0 = time.perf_counter()
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),

@@ -288,6 +288,18 @@ def test_cli_end_to_end(snapshot):
     assert "eval_A_next_state_exact" in run.stdout and "count" in run.stdout
 
 
+def test_an_n_beyond_the_set_says_what_is_evaluated(snapshot, tmp_path, capsys):
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(P_LINES + A_LINES[:1]) + "\n")
+    ev.main(["--model_path", snapshot, "--data", str(data), "--n", "1000", "--max_new_tokens", "2",
+             "--out", str(tmp_path / "r.json")])
+    assert f"--n 1000 is more than {data} holds; evaluating its {len(P_LINES)} P: and 1 A: prompts" in \
+        capsys.readouterr().err
+    ev.main(["--model_path", snapshot, "--data", str(data), "--n", "1", "--max_new_tokens", "2",
+             "--out", str(tmp_path / "r.json")])
+    assert "is more than" not in capsys.readouterr().err
+
+
 def test_cli_text_file(snapshot, tmp_path, capsys):
     data, out = tmp_path / "lines.txt", tmp_path / "sub" / "report.json"
     data.write_text("\n".join(P_LINES + A_LINES) + "\n")
