@@ -30,7 +30,7 @@ import torch
 
 from mini.autobatch import choose_batch_size
 from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
-from mini.flags import Parser, Switch
+from mini.flags import Parser, Switch, parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
@@ -39,6 +39,7 @@ from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
 from mini.runtime import autocast, peak_memory_mb, resolve_device, score_workers
 from mini.sampler import WIDTH_BUCKET, generate, pad_left, round_up, shares_prefix
+from mini.sft import SFTData, encode_batch
 from mini.stockfish import find_stockfish
 from mini.tokenizer import Tokenizer
 from mini.train import Trainer
@@ -469,9 +470,6 @@ def bench_data(a):
     over --steps batches of --prompts after one warm-up, both paddings, at the GPU runs' A: share of 0.4
     (--mix_env_ratio) on the shipped pool or --data_file. Set beside a GPU run's samples/s (steps/s x batch) over
     its --data_workers, it says whether those workers can be what holds the run back."""
-    from mini.flags import parse_args
-    from mini.sft import SFTData, encode_batch
-    from mini.tokenizer import Tokenizer
     argv = ["--seed", str(a.seed), "--mix_env_ratio", str(a.mix_env_ratio), "--policy_pad", "both"]
     if a.data_file:
         argv += ["--data_source", "file", "--data_file", a.data_file]

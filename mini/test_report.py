@@ -96,7 +96,7 @@ def test_tensorboard_rewind_drops_the_abandoned_steps(tmp_path):
 
 def test_tensorboard_closes_before_its_first_step_and_after_a_rewind(tmp_path):
     """A run stopped before it logs anything, or right after a rollback, closes its reporter without an error
-    (the writer is made at the first step logged) and leaves no event file behind."""
+    (the writer is made at the first step logged); the first leaves no event file behind."""
     pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
     make_reporter("tensorboard", str(tmp_path / "a"), {}).close()
     r = make_reporter("tensorboard", str(tmp_path / "b"), {})
