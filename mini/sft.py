@@ -94,7 +94,8 @@ def passes_over_positions(source, samples, env_ratio):
     source, whose draws are P: prompts with probability 1 - env_ratio; None for a stream of fresh positions.
     A position seen many times teaches its own labels more than the rules: two H200 continuations of 1.2M
     sequences over 27,000 and 51,000 positions (27 and 14 passes) learned their training positions' best
-    moves twice as often and made no more legal moves on held-out ones (RESULTS.md, "A fourth run")."""
+    moves twice as often and made no more legal moves on held-out ones (mini/LOG.md, "Continuations of
+    rookworld-10m")."""
     if not isinstance(source, PoolSource) or not source.policy:
         return None
     distinct = len({position_key(s.fen) for s in source.policy})
