@@ -15,7 +15,7 @@ import chess
 
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
 from mini.formats import (PAD_WIDTHS, UCI, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
-                          legal_ucis, parse_line, policy_sample, position_key, repad)
+                          legal_ucis, parse_line, placement, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
 from mini.stockfish import Annotator
 
@@ -163,14 +163,20 @@ def held_out_keys():
     return frozenset(shipped_keys((EVAL_PATH, REAL_EVAL_PATH, MATE_PATH)))
 
 
+@lru_cache(maxsize=8)
+def placements(keys):
+    """The piece placements of a frozenset of position keys."""
+    return frozenset(k.split(" ", 1)[0] for k in keys)
+
+
 def shows_held_out(sample, held_out):
-    """Whether a sample shows a held-out position: its own, or the next one its A: completion writes (after a
-    legal move; env_label wrote that FEN with python-chess, so its key is its first four fields: no board to
-    build for it)."""
-    keys = [position_key(sample.fen)]
-    if sample.task == "A" and not sample.truncated:
-        keys.append(" ".join(sample.next_fen.split()[:4]))
-    return any(k in held_out for k in keys)
+    """Whether a sample shows a held-out position (held_out: a frozenset of position keys): its own, or the next
+    one its A: completion writes (after a legal move; env_label wrote that FEN with python-chess, so its key is
+    its first four fields). A board is built only for a placement some held-out position has: building one
+    for every sample took 22 of the 40 s that loading a pool of 100,000 records took."""
+    if placement(sample.fen) in placements(held_out) and position_key(sample.fen) in held_out:
+        return True
+    return sample.task == "A" and not sample.truncated and " ".join(sample.next_fen.split()[:4]) in held_out
 
 
 class ReplayBuffer:

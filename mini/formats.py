@@ -294,6 +294,13 @@ def position_key(fen):
     return board_key(chess.Board(fen))
 
 
+def placement(fen):
+    """The piece placement of a FEN python-chess accepts, as position_key writes it, without building a board
+    (~100 times faster): python-chess takes no other spelling of a placement than its own but for the
+    promoted-piece marks '~' of crazyhouse FENs, which it drops."""
+    return fen.split(maxsplit=1)[0].replace("~", "")
+
+
 def board_key(board):
     """position_key of a board already built."""
     return " ".join(board.fen().split()[:4])

@@ -19,8 +19,8 @@ import pytest
 
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
-                          load_text, make_source, parsed_lines, record_keys)
-from mini.formats import (env_completion, env_sample, legal_ucis, parse_line, policy_prompt, policy_sample,
+                          load_text, make_source, parsed_lines, record_keys, shows_held_out)
+from mini.formats import (env_completion, env_sample, legal_ucis, parse_line, placement, policy_prompt, policy_sample,
                           position_key)
 from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.stockfish import Annotator
@@ -127,6 +127,30 @@ def test_a_held_out_position_with_a_standard_en_passant_square_is_left_out(tmp_p
     path = tmp_path / "lines.txt"
     path.write_text("".join(s.prompt + s.completion + "\n" for s in (same, pool)))
     assert [s.fen for s in make_source(Config(data_source="file", data_file=str(path))).policy] == [pool.fen]
+
+
+def test_shows_held_out_answers_as_a_board_for_every_sample_would():
+    """shows_held_out builds a board only for a placement some held-out position has; its answers are those of
+    keying every sample, on the shipped pool and held-out set, on held-out positions written another way (other
+    counters, the en passant square FEN's standard writes, a crazyhouse promoted-piece mark '~' that
+    python-chess drops) and on A: samples whose move leads onto one."""
+    held_out = held_out_keys()
+
+    def keyed(s):
+        keys = [position_key(s.fen)] + ([" ".join(s.next_fen.split()[:4])] if s.task == "A" and not s.truncated else [])
+        return any(k in held_out for k in keys)
+
+    ev = load_jsonl(EVAL_PATH)
+    d3 = next(s for s in ev if s.fen == "1rbq1rk1/pppp1ppp/7n/3N4/2nPB3/P3P3/P1P3PP/R1BQ1RK1 b - - 0 11")
+    marked = "1rbq~1rk1/pppp1ppp/7n/3N4/2nPB3/P3P3/P1P3PP/R1BQ1RK1 b - d3 7 40"  # the same position
+    assert placement(marked) == chess.Board(marked).board_fen() == d3.fen.split()[0]
+    written_otherwise = [policy_sample(marked, d3.moves, d3.evals),
+                         policy_sample(d3.fen.replace(" 0 11", " 3 60"), d3.moves, d3.evals)]
+    onto = [env_sample(s.fen, s.moves[0], []) for s in load_jsonl(POOL_PATH)[:200]]  # where the pool's moves lead
+    samples = load_jsonl(POOL_PATH)[:400] + ev + written_otherwise + onto
+    answers = [shows_held_out(s, held_out) for s in samples]
+    assert answers == [keyed(s) for s in samples]
+    assert all(answers[400:400 + len(ev) + 2]) and not any(answers[:400])
 
 
 def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):

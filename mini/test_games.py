@@ -116,7 +116,7 @@ def test_environment_and_replay_histories_at_every_ply():
         s = random_env_sample(board.fen(), led, rng, illegal_rate=0.0, garbage_rate=0.0)
         assert s.history == (led + [s.move])[-10:] and len(s.history) == min(n, 9) + 1
         buffer = ReplayBuffer()
-        buffer.held_out = set()  # the Italian's early positions are held-out eval positions, which it refuses
+        buffer.held_out = frozenset()  # the Italian's early positions are held-out eval positions, which it refuses
         buffer.add_next(policy_sample(board.fen(), [ITALIAN_12[n]], [0.0], history=led))
         assert [h for _, h in buffer.items.values()] == [ITALIAN_12[:n + 1][-9:]]
 
@@ -181,7 +181,7 @@ def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
     calls = []
     with SelfPlaySource(None, games=1, plies=3, depth=1, workers=1, cache_path=str(tmp_path / "sf.jsonl"), seed=5,
                         player=recording_player(calls)) as src:
-        src.held_out = set()  # the Italian's early positions are held-out eval positions, which it leaves out
+        src.held_out = frozenset()  # the Italian's early positions are held-out eval positions, which it leaves out
         src.refresh("weights A")
         assert [len(h) for _, h in src.pending] == [0, 1, 2]
         src.refresh("weights B")
