@@ -234,9 +234,12 @@ def read_pgn(paths):
     return games, skipped
 
 
+STANDARD_NAMES = {name.lower() for name in chess.Board.aliases}  # "Standard", "Normal", "From Position", ...
+
+
 def _skipped_or_moves(game):
     """(why read_pgn skips a game, None) or (None, its moves)."""
-    if game.headers.get("Variant", "Standard").lower() not in ("standard", "chess"):
+    if game.headers.get("Variant", "Standard").lower() not in STANDARD_NAMES:
         return "of a variant", None
     if game.board().fen() != chess.STARTING_FEN:
         return "set up from a FEN", None
@@ -316,7 +319,8 @@ def describe(path):
 
 def king_shares(text):
     """--king_shares "check=0.2,king_square=0.5" as {"check": 0.2, "king_square": 0.5}: known classes, each
-    share in [0, 1], their sum at most 1."""
+    share in [0, 1], their sum at most 1, and 1 when every class is named (the rest goes to the classes not
+    named: with none, a pool would come out short)."""
     out = {}
     for part in text.split(","):
         name, _, share = part.partition("=")
@@ -332,6 +336,9 @@ def king_shares(text):
             raise argparse.ArgumentTypeError(f"{part!r}: a share is between 0 and 1")
     if sum(out.values()) > 1 + 1e-9:
         raise argparse.ArgumentTypeError(f"the shares of {text!r} add up to {sum(out.values()):g}; at most 1")
+    if set(out) == set(KING_CONSTRAINTS) and sum(out.values()) < 1 - 1e-9:
+        raise argparse.ArgumentTypeError(f"the shares of {text!r} name every class and add up to "
+                                         f"{sum(out.values()):g}; with every class named they add up to 1")
     return out
 
 

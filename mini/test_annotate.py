@@ -267,9 +267,9 @@ def write_pgn(path, *games):
 
 
 def test_read_pgn_keeps_standard_games_from_the_initial_position(tmp_path):
-    """The games as UCI moves with their result; a variant, a set-up position, an illegal move, a null move, a
-    game without moves and a FEN header python-chess cannot read are skipped and counted, the file's other games
-    still read."""
+    """The games as UCI moves with their result (a Variant header of any of python-chess's names of standard chess
+    kept); a variant, a set-up position, an illegal move, a null move, a game without moves and a FEN header
+    python-chess cannot read are skipped and counted, the file's other games still read."""
     path = tmp_path / "g.pgn"
     write_pgn(path, ('[Result "1/2-1/2"]', RUY_20),
               ('[Variant "Atomic"]', "1. e4 e5 *"),
@@ -278,9 +278,12 @@ def test_read_pgn_keeps_standard_games_from_the_initial_position(tmp_path):
               ("", "1. e4 -- 2. d4 *"),  # a null move
               ("", "*"),
               ('[SetUp "1"]\n[FEN "not a position"]', "1. e4 *"),
-              ('[Variant "Standard"]\n[Result "1-0"]', "1. f3 e5 2. g4 Qh4# 0-1"))
+              ('[Variant "Standard"]\n[Result "1-0"]', "1. f3 e5 2. g4 Qh4# 0-1"),
+              ('[Variant "Normal"]', "1. f3 e5 2. g4 Qh4# 0-1"),  # python-chess's other names of standard chess
+              ('[Variant "From Position"]', "1. f3 e5 2. g4 Qh4# 0-1"))
     games, skipped = annotate.read_pgn([str(path)])
-    assert games == [(RUY_20_UCI, "1/2-1/2"), ("f2f3 e7e5 g2g4 d8h4".split(), "1-0")]  # the header's result
+    assert games == [(RUY_20_UCI, "1/2-1/2"), ("f2f3 e7e5 g2g4 d8h4".split(), "1-0"),  # the header's result
+                     ("f2f3 e7e5 g2g4 d8h4".split(), "0-1"), ("f2f3 e7e5 g2g4 d8h4".split(), "0-1")]
     assert skipped == {"of a variant": 1, "set up from a FEN": 1, "with a move python-chess cannot read": 1,
                        "with a null move": 1, "without moves": 1, "that python-chess cannot read": 1}
 

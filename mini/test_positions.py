@@ -473,6 +473,8 @@ def test_quotas_add_up_to_n_by_the_largest_remainder():
                                                (1, "check=1.5", "between 0 and 1"),
                                                (1, "pin=-0.1", "between 0 and 1"),
                                                (1, "check=0.6,pin=0.5", "add up to 1.1"),
+                                               (1, "check=0.25,pin=0.25,king_square=0.25,unconstrained=0.15",
+                                                "name every class and add up to 0.9"),
                                                (0, "check=0.4", "--king_shares draw from played games")])
 def test_king_shares_flag_says_what_is_wrong(games, text, says, capsys):
     with pytest.raises(SystemExit):  # no Stockfish, so that a build the checks let through fails at once
