@@ -206,6 +206,8 @@ class Config:
                            "same function at first (0: keep its depth)", check=at_least(0), scripts=SFT)
     data_workers: int = opt(0, "processes that draw and encode sft.py's batches ahead of the GPU, each from its own "
                             "seed (0: in the training process)", check=at_least(0), scripts=SFT)
+    snapshot_every_min: float = opt(10.0, "write the snapshot in final/ every so many minutes of training, so that a "
+                                    "crash or a kill loses no more (0: only at the end)", check=at_least(0), scripts=SFT)
 
 
 

@@ -25,7 +25,8 @@ EOS (the model must learn to stop), never the prompt. Rows are right-padded with
 The LR follows runtime.lr_factor over --steps, or over --time_limit_min when that budget is the tighter
 one, so a time-limited run still ends on a decayed LR (the warmup counts real steps either way).
 logs/<run_name>/sft.log gets the log lines; logs/<run_name>/final the snapshot (also after the time limit
-or Ctrl-C).
+or Ctrl-C, and every --snapshot_every_min minutes on the way, so that a crash or a kill -9 keeps the last one:
+continue from it with --model_path logs/<run_name>/final, the optimizer and the LR schedule starting afresh).
 """
 import dataclasses
 import json
@@ -87,6 +88,11 @@ class SFTBatches(torch.utils.data.IterableDataset):
             self.data.positions = iter_positions(seed)
         while True:
             yield encode_batch(self.data.batch(self.cfg.batch_size), self.tok, "cpu")
+
+
+def kept(snapshot_step):
+    """What a run stopped without its final save leaves, for its last log line."""
+    return f"; final/ holds the snapshot of step {snapshot_step}" if snapshot_step else ""
 
 
 def passes_over_positions(source, samples, env_ratio):
@@ -234,6 +240,7 @@ def train_sft(cfg, run):
     limit_s = 60 * cfg.time_limit_min
     t0 = t_log = time.time()
     step, loss_sum, tokens = 0, 0.0, 0
+    snapshot_step, snapshot_at = 0, 0.0  # the last snapshot on the way: its step, its seconds into the run
     bar = tqdm(total=cfg.steps, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
     with StopSignals(announce) as stop:
         try:
@@ -242,6 +249,9 @@ def train_sft(cfg, run):
                 if limit_s > 0 and elapsed > limit_s:
                     log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
                     break
+                if 0 < 60 * cfg.snapshot_every_min <= elapsed - snapshot_at and step > snapshot_step:
+                    log(f"snapshot of step {step} in {run.save_final(model, tok)}")
+                    snapshot_step, snapshot_at = step, elapsed
                 lr = cfg.lr * lr_factor(schedule_step(step, elapsed, limit_s, cfg), cfg)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -264,8 +274,11 @@ def train_sft(cfg, run):
                     reporter.log(step, {"loss": mean_loss, "lr": lr, "tokens_per_s": tokens / (now - t_log)})
                     t_log, loss_sum, tokens = now, 0.0, 0
         except KeyboardInterrupt:
-            log(f"quit at step {step} without saving")
+            log(f"quit at step {step} without saving" + kept(snapshot_step))
             return 130
+        except Exception as e:
+            log(f"stopped by {type(e).__name__} at step {step}" + kept(snapshot_step))
+            raise
         finally:
             bar.close()
             reporter.close()

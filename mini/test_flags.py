@@ -517,6 +517,7 @@ FLAG_TESTS = {
     "time_limit_min": "mini/test_sft.py::test_time_limit_stops_and_saves",
     "data_workers": "mini/test_sft.py::test_data_workers_draw_their_own_batches_and_train",
     "grow_layers": "mini/test_sft.py::test_grown_model_computes_the_same_function",
+    "snapshot_every_min": "mini/test_sft.py::test_snapshots_on_the_way_outlive_a_crash",
     "auto_batch_size": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "memory_fraction": "mini/test_train.py::test_find_batch_size_with_a_fake_memory_probe",
     "compile": "mini/test_reference_step.py::test_trainer_update_equals_the_reference",  # its width-buckets case

@@ -404,6 +404,34 @@ def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, mo
     assert not (tmp_path / "c" / "final").exists() and spy.closed == 3 and handlers() == before
 
 
+def test_snapshots_on_the_way_outlive_a_crash(tmp_path, monkeypatch):
+    """--snapshot_every_min 0.05 (3 s) on a clock that moves 1 s a step: snapshots of steps 2, 5 and 8 in final/
+    (each taken before the next step, its interval counted from the last one); an error in step 10 stops the run
+    with its type in sft.log, final/ holding step 8's snapshot. --snapshot_every_min 0: none on the way, so the
+    same crash leaves no final/."""
+    LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    loss, calls = sft.sft_loss, []
+
+    def fails_in_the_tenth_step(*batch):
+        calls.append(1)
+        if len(calls) % 10 == 0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return loss(*batch)
+    monkeypatch.setattr(sft, "sft_loss", fails_in_the_tenth_step)
+    argv = TINY + ["--log_dir", str(tmp_path), "--steps", "20"]
+    with pytest.raises(RuntimeError):
+        sft.main(argv + ["--run_name", "s", "--snapshot_every_min", "0.05"])
+    log = (tmp_path / "s" / "sft.log").read_text()
+    assert [int(line.split()[3]) for line in log.splitlines() if line.startswith("snapshot of step")] == [2, 5, 8]
+    assert "stopped by RuntimeError at step 9; final/ holds the snapshot of step 8" in log
+    assert load_model(str(tmp_path / "s" / "final"))[0].config.n_layer == 1
+    with pytest.raises(RuntimeError):
+        sft.main(argv + ["--run_name", "n", "--snapshot_every_min", "0"])
+    log = (tmp_path / "n" / "sft.log").read_text()
+    assert "snapshot of step" not in log and log.rstrip().endswith("stopped by RuntimeError at step 9")
+    assert not (tmp_path / "n" / "final").exists()
+
+
 def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):
     """--grow_layers below the model's depth and --data_source selfplay (train.py's) stop before the first step with
     one sentence, and the run directory that start made is removed, so that the name stays free."""
