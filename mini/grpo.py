@@ -126,10 +126,12 @@ def group_rows(rows, k, device=None):
 
 def normalisers(mask, budget=None):
     """Global denominators of a full rollout batch, given to the loss of each of its micro-batches:
-    n_seqs, n_tokens (real completion tokens) and budget, Dr. GRPO's constant MAX_TOKENS: the generation
-    budget (max_new_tokens), the same for every batch whatever its completions' lengths (default: the
-    padded width T of mask)."""
-    return {"n_seqs": mask.size(0), "n_tokens": max(int(mask.sum()), 1), "budget": budget or mask.size(1)}
+    n_seqs (rows with a completion token: every sampled row has one, its EOS at least; a weightless
+    placeholder's have none), n_tokens (real completion tokens) and budget, Dr. GRPO's constant MAX_TOKENS:
+    the generation budget (max_new_tokens), the same for every batch whatever its completions' lengths
+    (default: the padded width T of mask)."""
+    return {"n_seqs": int(mask.bool().any(1).sum()), "n_tokens": max(int(mask.sum()), 1),
+            "budget": budget or mask.size(1)}
 
 
 def aggregate(x, mask, loss_type="grpo", norm=None):
@@ -141,10 +143,11 @@ def aggregate(x, mask, loss_type="grpo", norm=None):
     norm = norm or normalisers(mask)
     m = mask.bool()
     s = torch.where(m, x, 0.0).sum(1)  # (N,)
+    G = max(norm["n_seqs"], 1)  # a batch without a real token aggregates to 0
     if loss_type == "grpo":
-        return (s / m.sum(1).clamp(min=1)).sum() / norm["n_seqs"]
+        return (s / m.sum(1).clamp(min=1)).sum() / G
     if loss_type == "dr_grpo":
-        return s.sum() / (norm["n_seqs"] * norm["budget"])
+        return s.sum() / (G * norm["budget"])
     if loss_type == "dapo":
         return s.sum() / norm["n_tokens"]
     raise ValueError(f"unknown loss_type {loss_type!r}")

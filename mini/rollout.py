@@ -31,6 +31,7 @@ class Rollout:
     env_sft: "Rollout" = None     # --env_sft_coef: A: transitions with their true next states as completions
     policy_sft: "Rollout" = None  # --policy_sft_coef: P: positions with Stockfish's analysis as completions
     batches: list = None          # the MicroBatches of the passes over it, made once by Trainer.prepare
+    weightless: bool = False      # a rank's placeholder under torchrun: its rows count nowhere (InformativeGroups)
 
     @classmethod
     def of_rows(cls, rows):
@@ -48,6 +49,8 @@ class Rollout:
         self.ids, self.mask = place_rows([p + c for p, c in zip(self.prompts, comps)],
                                          [Tp - len(p) for p in self.prompts], Tp + Tc, eos, device)
         self.Tp, self.comp_lens = Tp, list(map(len, comps))
+        if self.weightless:  # its completions become padding: no loss term, normaliser or metric counts them
+            self.mask[:, Tp:] = False
 
     def micro_batches(self, size, K, device):
         """The rows `size` at a time (0: all at once) as MicroBatches. With several, the groups go in order of
@@ -73,7 +76,7 @@ class Rollout:
         """samples.jsonl's rows: the first row of each of the first n_groups groups."""
         return [{"step": step, "task": self.samples[i].task, "prompt": self.samples[i].prompt,
                  "completion": self.texts[i], "reward": self.scores[i][0]}
-                for i in range(0, min(n_groups * K, len(self.samples)), K)]
+                for i in range(0, min(n_groups * K, len(self.samples)), K) if not self.weightless]
 
     @property
     def comp_ids(self):
@@ -129,13 +132,14 @@ class GlobalBatch:
 
     @classmethod
     def gather(cls, r, sampling, rank):
-        """Every rank's rows of the scored rollout r; sets r.rewards, this rank's."""
-        ranks = distributed.gather((r.scores, r.tasks, [len(c) for c in r.completions], sum(map(len, r.prompts)),
-                                    sampling))
+        """Every rank's rows of the scored rollout r (none of a weightless one); sets r.rewards, this rank's."""
+        mine = ([], [], [], 0) if r.weightless else (r.scores, r.tasks, [len(c) for c in r.completions],
+                                                     sum(map(len, r.prompts)))
+        ranks = distributed.gather((*mine, sampling))
         scores, tasks, lens = ([x for part in ranks for x in part[i]] for i in range(3))
         offset = sum(len(part[0]) for part in ranks[:rank])
         rewards = torch.tensor([reward for reward, _ in scores], dtype=torch.float32)  # (N,)
-        r.rewards = rewards[offset:offset + len(r.scores)]
+        r.rewards = torch.zeros(len(r.scores)) if r.weightless else rewards[offset:offset + len(r.scores)]
         return cls(scores, tasks, lens, sum(part[3] for part in ranks), merge_sampling([part[4] for part in ranks]),
                    rewards, offset)
 
@@ -162,8 +166,15 @@ class InformativeGroups:
         self.zero_var += int((~grpo.informative_groups(rewards, self.K)).sum())
         self.reward_sum += rewards.sum().item()
 
-    def rollout(self, n):
-        """The first n kept groups as one rollout; the last rollout whole if none was kept, so the KL term still acts."""
+    def rollout(self, n, others_kept=False):
+        """The first n kept groups as one rollout. None kept: the last rollout whole, so the KL term still acts;
+        but under torchrun, when another rank kept some (others_kept), its first group as a weightless
+        placeholder: this rank must still take part in the update, and its flat groups would otherwise dilute
+        the others' (N ranks x B/N prompts are to give the update of one process x B)."""
+        if not self.kept and others_kept:
+            placeholder = Rollout.of_rows([(self.last, i) for i in range(self.K)])
+            placeholder.weightless = True
+            return placeholder
         kept = self.kept[:n] or [(self.last, g) for g in range(n)]
         return Rollout.of_rows([(r, i) for r, g in kept for i in range(g * self.K, (g + 1) * self.K)])
 

@@ -34,6 +34,9 @@ STEP_SETTINGS = {  # the global normalisers and statistics each setting divides 
     # the supervised terms' means over every rank's true tokens; their passes leave the value head unused
     "both_sft_gae_micro2": ("--env_sft_coef", "0.5", "--env_sft_batch", "4", "--policy_sft_coef", "0.3",
                             "--policy_sft_batch", "2", "--micro_batch_size", "2", "--use_gae"),
+    # the last half of the prompts score flat (fixed_step), so rank 1 keeps no group and rank 0 both of its own:
+    # rank 1's rows must count nowhere, as the flat groups a single process drops
+    "dynamic_sampling_one_rank_flat": ("--dynamic_sampling", "--dynamic_sampling_max_rounds", "1", "--kl_type", "k3"),
 }
 WORKER = "import sys; from mini.test_distributed import worker; sys.exit(worker(sys.argv[1], sys.argv[2:]))"
 
@@ -122,7 +125,9 @@ def fixed_step(cfg):
     mine = slice(t.rank * n, (t.rank + 1) * n)
     r = Rollout(samples[mine], [t.tok.encode(s.prompt) for s in samples[mine]], completions[mine], texts[mine])
     t.rollout = lambda: r  # the step on this fixed, scripted batch
-    t.scorer.submit = lambda samples, texts: lambda: [scripted_score(s, x) for s, x in zip(samples, texts)]
+    flat = {s.prompt for s in samples[len(samples) // 2:]} if cfg.dynamic_sampling else set()
+    score = lambda s, x: (0.5, scripted_score(s, x)[1]) if s.prompt in flat else scripted_score(s, x)
+    t.scorer.submit = lambda samples, texts: lambda: [score(s, x) for s, x in zip(samples, texts)]
     m = t.train_step()
     if t.main:
         torch.save({"model": t.model.state_dict(), "value_head": t.value_head.state_dict() if t.value_head else None,
@@ -145,6 +150,9 @@ def test_two_ranks_take_the_step_of_one_process(spawn, tiny, tmp_path, setting):
             assert torch.allclose(x, b[part][name], rtol=0, atol=1e-5), (part, name, (x - b[part][name]).abs().max())
     start = load_model(tiny)[0].state_dict()
     assert max((a["model"][k] - start[k]).abs().max() for k in start) > 1e-4  # the step did move the weights
+    if "--dynamic_sampling" in argv:  # what was drawn differs by design (each rank draws for its own share)
+        a["metrics"], b["metrics"] = ({k: v for k, v in x["metrics"].items() if not k.startswith("ds_")} for x in (a, b))
+        assert a["metrics"]["completion_len_mean"] > 0 and len(a["metrics"]) > 20
     assert_same_metrics(a["metrics"], b["metrics"])
 
 

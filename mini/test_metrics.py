@@ -24,7 +24,7 @@ import mini.train as train
 from mini import distributed
 from mini.config import POOL_PATH
 from mini.flags import parse_args
-from mini.grpo import LossSettings, grpo_loss, policy_loss
+from mini.grpo import LossSettings, grpo_loss, normalisers, policy_loss
 from mini.loader import save_model
 from mini.reward_scorer import score_batch
 from mini.rollout import GlobalBatch, InformativeGroups, Rollout, merge_sampling, reward_metrics
@@ -139,7 +139,8 @@ def test_the_global_batch_of_two_ranks_by_hand(monkeypatch):
     parts = [([(1.0, {}), (0.0, {})], ["P", "P"], [30, 4], 11, {}),
              ([(0.5, {}), (-1.0, {})], ["A", "A"], [31, 29], 7, {})]
     monkeypatch.setattr(distributed, "gather", lambda mine: parts)
-    r = types.SimpleNamespace(scores=parts[1][0], tasks=["A", "A"], completions=[[0] * 31, [0] * 29], prompts=[[0] * 7])
+    r = types.SimpleNamespace(scores=parts[1][0], tasks=["A", "A"], completions=[[0] * 31, [0] * 29], prompts=[[0] * 7],
+                              weightless=False)
     g = GlobalBatch.gather(r, {}, rank=1)
     assert g.offset == 2 and g.rewards.tolist() == [1.0, 0.0, 0.5, -1.0] and r.rewards.tolist() == [0.5, -1.0]
     m = g.metrics(30)
@@ -176,6 +177,25 @@ def test_dynamic_sampling_that_keeps_no_group_trains_the_last_rollout_whole():
     assert out.ids.shape == (4, 3)  # prompt, completion, EOS
     assert groups.metrics(2) == {"ds_rounds": 2, "ds_groups_drawn": 4, "ds_groups_kept": 0,
                                  "ds_zero_var_share_drawn": 1.0, "ds_reward_mean_drawn": 0.25}
+
+
+def test_a_rank_that_kept_no_group_while_another_did_sends_a_weightless_placeholder(monkeypatch):
+    """Under torchrun, no group kept here but some on another rank: the last rollout's first group (K = 2) as a
+    placeholder whose completions are padding, whose rows GlobalBatch leaves out (rewards 0 here, none sent), that
+    logs no sample and that the normaliser G does not count."""
+    groups = InformativeGroups(K=2, min_std=0.0)
+    groups.add(Rollout(list("abcd"), [[1], [2], [3], [4]], [[9], [8]] * 2, list("wxyz"), scores=[(0.5, {})] * 4))
+    out = groups.rollout(2, others_kept=True)
+    assert out.weightless and out.prompts == [[1], [2]] and out.scores == [(0.5, {})] * 2
+    out.pad(eos=0, max_new_tokens=4, device="cpu")
+    assert out.ids.shape == (2, 3) and not out.comp_mask.any() and out.mask[:, :out.Tp].all()
+    assert normalisers(out.comp_mask)["n_seqs"] == 0 and out.logged(1, 4, 2) == []
+    sent = []
+    monkeypatch.setattr(distributed, "gather", lambda mine: sent.append(mine) or [
+        ([(1.0, {}), (0.0, {})], ["P", "P"], [3, 4], 5, {}), mine])
+    g = GlobalBatch.gather(out, {}, rank=1)
+    assert sent == [([], [], [], 0, {})] and g.rewards.tolist() == [1.0, 0.0] and out.rewards.tolist() == [0.0, 0.0]
+    assert not groups.rollout(2).weightless  # no rank kept a group: the last rollout whole, as before
 
 
 def test_dynamic_sampling_keeps_the_first_groups_drawn_and_counts_only_equal_rewards_as_zero_variance():

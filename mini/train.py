@@ -206,7 +206,8 @@ class Trainer(Resumable):
             with timer("score"):
                 r.scores = self.scorer.submit(r.samples, r.texts)()
             groups.add(r)
-        return groups.rollout(self.local_batch), groups.metrics(self.local_batch)
+        anyone_kept = distributed.any_rank(bool(groups.kept))  # every rank asks once a step
+        return groups.rollout(self.local_batch, others_kept=anyone_kept), groups.metrics(self.local_batch)
 
     def prepare(self, r):
         """The rollout's tensors and its per-rollout constants: reference log-probs (k3), old log-probs
@@ -263,6 +264,8 @@ class Trainer(Resumable):
             total, tokens = reduce(torch.stack([adv.abs().sum().double(), r.comp_mask.sum().double()])).tolist()
             stats["adv_abs_mean"] = total / max(tokens, 1.0)
             return adv, returns, stats
+        if r.weightless:  # its rows are in no rank's rewards
+            return torch.zeros(len(r.prompts), device=self.device), None, stats
         return adv[offset:offset + len(r.prompts)].to(self.device), None, stats
 
     def update(self, r, adv, returns, apply=True):
