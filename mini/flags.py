@@ -84,6 +84,10 @@ def problems(values, checks=None):
     if world > 1 and v("batch_size") and v("batch_size") % world:
         out.append(f"--batch_size {v('batch_size')} does not divide among the {world} processes torchrun started "
                    f"(it is the global number of prompts per step); use a multiple of {world}")
+    for term in ("env_sft", "policy_sft"):  # each rank draws its share of the supervised rows
+        if world > 1 and v(f"{term}_coef") and v(f"{term}_batch") and v(f"{term}_batch") % world:
+            out.append(f"--{term}_batch {v(f'{term}_batch')} does not divide among the {world} processes torchrun "
+                       f"started (it is the global number of rows per step); use a multiple of {world}")
     if v("decay_steps") and v("steps") and v("warmup_steps", 0) + v("decay_steps") >= v("steps"):
         out.append(f"--warmup_steps {v('warmup_steps', 0)} and --decay_steps {v('decay_steps')} leave no step of "
                    f"--steps {v('steps')} for the cosine between them, so the LR would fall from its peak at once "

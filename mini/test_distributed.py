@@ -222,6 +222,11 @@ def test_a_batch_that_does_not_divide_among_the_ranks_is_one_sentence(monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--batch_size 6 does not divide among the 4 processes" in err[0]
     assert parse_args(["--batch_size", "8"]).batch_size == 8
+    for term in ("env_sft", "policy_sft"):  # the supervised rows likewise, when their term is on
+        with pytest.raises(SystemExit):
+            parse_args(["--batch_size", "8", f"--{term}_coef", "1", f"--{term}_batch", "6"])
+        assert f"--{term}_batch 6 does not divide among the 4 processes" in capsys.readouterr().err
+        assert parse_args(["--batch_size", "8", f"--{term}_batch", "6"]).batch_size == 8  # the term off: unused
 
 
 if __name__ == "__main__":

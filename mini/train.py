@@ -238,7 +238,7 @@ class Trainer(Resumable):
         from --sft_data_file's source, or else the prompt source, each with its true completion (A: python-chess's
         next state; P: Stockfish's analysis) and EOS after it, as a padded rollout of groups of 1."""
         cfg = self.cfg
-        n, drawn = max(1, batch // self.world), []
+        n, drawn = batch // self.world, []  # flags.problems checked that it divides
         while len(drawn) < n:  # a stream source draws a P: position first when it has none to move from
             drawn += [s for s in (self.sft_source or self.source).draw(n - len(drawn), env_ratio=float(task == "A"))
                       if s.task == task]
