@@ -187,7 +187,8 @@ class Config:
                               "step then rolls back to where this run started or resumed)", check=at_least(0))
     keep_last: int = opt(3, "regular checkpoints kept (0: all)", check=at_least(0))
     resume_from_checkpoint: str = opt("", "checkpoint file to resume from, with the settings saved in it (flags given "
-                                      "may change only those in runs.RESUMABLE)")
+                                      "may change only those in runs.RESUMABLE); another run's checkpoint needs a "
+                                      "--run_name that holds no run")
     auto_resume: bool = opt(False, "resume this run from its latest valid checkpoint with its saved config.json "
                             "(a new run when its directory does not exist yet)")
     recovery_mode: bool = opt(False, "resume this run from its recovery checkpoint (the last known-good state) with "

@@ -1195,6 +1195,18 @@ MUTANTS = [
     Mutant("sft_rows_not_dividing_allowed", "--env_sft_batch that does not divide among torchrun's ranks is accepted",
            "flags.py", 'if world > 1 and v(f"{term}_coef") and', 'if False and v(f"{term}_coef") and',
            ("mini/test_distributed.py::test_a_batch_that_does_not_divide_among_the_ranks_is_one_sentence",)),
+    Mutant("final_save_outside_stop_signals", "a Ctrl-C while the last checkpoint and the final model are written "
+           "quits at once", "train.py", "                self.finishing = True\n",
+           "                stop.__exit__()\n                self.finishing = True\n",
+           ("mini/test_train.py::test_a_signal_while_the_final_model_is_written_lets_it_be_written",)),
+    Mutant("foreign_checkpoint_takes_over_a_run", "--resume_from_checkpoint of another run's checkpoint cuts back and "
+           "continues the run already in --run_name", "train.py",
+           "if cfg.resume_from_checkpoint and not own_checkpoint and self.run_dir.holds_run():", "if False:",
+           ("mini/test_train.py::test_resume_from_another_runs_checkpoint_never_takes_over_a_run_already_there",)),
+    Mutant("own_checkpoint_refused", "--resume_from_checkpoint of the run's own checkpoint is refused as another run's",
+           "train.py", "own_checkpoint = bool(cfg.resume_from_checkpoint) and self.run_dir.contains(cfg.resume_from_checkpoint)",
+           "own_checkpoint = False",
+           ("mini/test_train.py::test_resume_from_another_runs_checkpoint_never_takes_over_a_run_already_there",)),
     Mutant("decay_overlapping_warmup_allowed", "--decay_steps as long as the steps after the warmup is accepted",
            "flags.py", 'v("warmup_steps", 0) + v("decay_steps") >= v("steps")', 'v("warmup_steps", 0) + v("decay_steps") > v("steps")',
            ("mini/test_config.py::test_a_bad_flag_is_one_line",)),

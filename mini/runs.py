@@ -283,6 +283,11 @@ class RunDir:
         return os.path.join(self.ckpt_dir, name)
 
     # --- owning the directory
+    def contains(self, path):
+        """Whether path lies in this run directory (links resolved)."""
+        root = os.path.realpath(self.path)
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
     def holds_run(self):
         """Whether an earlier run left anything here (logs, checkpoints, a snapshot)."""
         return any(f != "run.lock" for _, _, files in os.walk(self.path) for f in files)
@@ -651,7 +656,8 @@ class Resumable:
 
     def announce_stop(self, name):
         if self.main:
-            then = (f"finishing step {self.step + 1}, then saving a checkpoint" if self.step + 1 < self.cfg.steps else
+            then = ("writing the last checkpoint and the final model" if getattr(self, "finishing", False) else
+                    f"finishing step {self.step + 1}, then saving a checkpoint" if self.step + 1 < self.cfg.steps else
                     "finishing the last step and writing the final model")  # the run ends anyway
             print(f"\n{name}: {then} (again to quit at once)", file=sys.stderr, flush=True)
 

@@ -453,6 +453,26 @@ def test_resume_from_checkpoint_and_recovery_mode_continue_a_run(straight, tiny,
         assert_same_final_state(straight, run)
 
 
+def test_resume_from_another_runs_checkpoint_never_takes_over_a_run_already_there(straight, tiny, tmp_path, capsys):
+    """--resume_from_checkpoint of run a's checkpoint with --run_name b, where b holds a run: refused in one
+    sentence, b untouched (it used to be cut back to the checkpoint's step and continued with a's). A run's own
+    earlier checkpoint takes it back there."""
+    straight, _ = straight
+    step4 = straight / "checkpoints" / "step_000004.pt"
+    assert train.main(args(tiny, tmp_path, "b", STEPS)) == 0
+    files = lambda: {p: p.read_bytes() for p in (tmp_path / "b").rglob("*") if p.is_file()}
+    before = files()
+    assert train.main(args(tiny, tmp_path, "b", STEPS, "--resume_from_checkpoint", str(step4))) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith("already holds a run, and --resume_from_checkpoint names another run's "
+                                             "checkpoint: pick another --run_name (the checkpoint's run continues there)")
+    assert files() == before
+    own = tmp_path / "b" / "checkpoints" / "step_000004.pt"
+    assert train.main(args(tiny, tmp_path, "b", STEPS, "--resume_from_checkpoint", str(own))) == 0
+    assert [row["step"] for row in read_jsonl(tmp_path / "b" / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert "Resumed from" in (tmp_path / "b" / "train.log").read_text()
+
+
 def test_persistent_nan_stops_with_a_message(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(train, "grpo_loss", nan_loss_on(set(range(1, 100))))
     assert train.main(args(tiny, tmp_path, "bad", 6)) == 1
@@ -643,6 +663,23 @@ def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path, monkeypat
     assert train.main(args(tiny, tmp_path, "last", 2)) == 0
     assert (tmp_path / "last" / "final" / "model.safetensors").exists()
     assert "Done: final model" in (tmp_path / "last" / "train.log").read_text()
+
+
+@pytest.mark.sends_signals
+def test_a_signal_while_the_final_model_is_written_lets_it_be_written(tiny, tmp_path, monkeypatch, capsys):
+    """--steps 3 with --save_every 2: a Ctrl-C as the last checkpoint is written (step 3, past the last regular one)
+    is noted, said, and both it and the final snapshot are written; the run ends as finished."""
+    save_regular = train.Trainer.save_regular
+
+    def signal_then_save(self):
+        if self.step == 3:
+            signal.raise_signal(signal.SIGINT)
+        save_regular(self)
+    monkeypatch.setattr(train.Trainer, "save_regular", signal_then_save)
+    assert train.main(args(tiny, tmp_path, "fin", 3)) == 0  # args: --save_every 2
+    assert (tmp_path / "fin" / "final" / "model.safetensors").exists()
+    assert load_checkpoint(str(tmp_path / "fin" / "checkpoints" / "step_000003.pt"))["step"] == 3
+    assert "SIGINT: writing the last checkpoint and the final model (again to quit at once)" in capsys.readouterr().err
 
 
 def test_a_second_ctrl_c_quits_at_once_and_damages_nothing(spawn, tiny, tmp_path):

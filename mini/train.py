@@ -83,9 +83,17 @@ class Trainer(Resumable):
         self.local_batch = cfg.batch_size // self.world  # flags.problems checked that it divides
         self.run_dir = RunDir(cfg.log_dir, distributed.from_main(cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")))
         self.log = self.run_dir.log if self.main else (lambda line: None)
+        # another run's checkpoint starts this directory afresh: a run already here is refused, never cut back to
+        # the checkpoint's step and continued with another run's steps
+        own_checkpoint = bool(cfg.resume_from_checkpoint) and self.run_dir.contains(cfg.resume_from_checkpoint)
+
+        def claim():
+            if cfg.resume_from_checkpoint and not own_checkpoint and self.run_dir.holds_run():
+                raise RunError(f"{self.run_dir.path} already holds a run, and --resume_from_checkpoint names another "
+                               "run's checkpoint: pick another --run_name (the checkpoint's run continues there)")
+            self.run_dir.claim(resume=cfg.auto_resume or cfg.recovery_mode or own_checkpoint, overwrite=cfg.overwrite)
         try:
-            self.on_main(lambda: self.run_dir.claim(
-                resume=cfg.auto_resume or cfg.recovery_mode or bool(cfg.resume_from_checkpoint), overwrite=cfg.overwrite))
+            self.on_main(claim)
             self.setup()
         except BaseException:
             if self.main:
@@ -411,8 +419,10 @@ class Trainer(Resumable):
                         bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.3g}")
                     if distributed.any_rank(stop.name) and self.step < cfg.steps:  # else save as usual
                         self.stop_for_signal(stop.name)
-            self.save_regular()
-            self.on_main(lambda: self.log(f"Done: final model in {self.run_dir.save_final(self.model, self.tok)}"))
+                # still under StopSignals: a first signal now lets the last checkpoint and the snapshot be written
+                self.finishing = True
+                self.save_regular()
+                self.on_main(lambda: self.log(f"Done: final model in {self.run_dir.save_final(self.model, self.tok)}"))
             finished = True
         finally:
             for part in (self.scorer, self.reporter, self.source, self.sft_source, self.selfplay):
