@@ -475,8 +475,12 @@ MUTANTS = [
            "reward_scorer.py", "with caller_script_hidden():  # submit spawns", "if True:  # submit spawns",
            ("mini/test_reward_scorer.py",)),
     Mutant("scoring_workers_in_callers_group", "a SIGTERM to the trainer's process group (`timeout`) kills the "
-           "scoring workers its last step needs", "reward_scorer.py", ', initializer=os.setpgrp)', ')',
+           "scoring workers its last step needs", "reward_scorer.py", "    os.setpgrp()\n    parent = os.getppid()",
+           "    parent = os.getppid()",
            ("mini/test_reward_scorer.py::test_scoring_pool_equals_score_batch",)),
+    Mutant("scoring_workers_outlive_the_trainer", "scoring workers wait forever after the trainer is killed with SIGKILL",
+           "reward_scorer.py", 'threading.Thread(target=watch, daemon=True, name="parent-watch").start()', "pass",
+           ("mini/test_reward_scorer.py::test_scoring_workers_end_when_the_trainer_is_killed",)),
     Mutant("engine_in_callers_group", "a SIGTERM to the caller's process group kills its Stockfish engines",
            "stockfish.py", ", setpgrp=True)", ")", ("mini/test_engine_reward.py::test_dead_engine_is_restarted",)),
     Mutant("in_check_by_phase", "the in-check breakdown splits on the phase instead of on check",

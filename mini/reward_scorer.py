@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from mini.formats import legal_ucis, parse_env, parse_policy
@@ -262,6 +263,21 @@ def group_chunks(samples, parts):
     return starts
 
 
+def detached_worker(poll_s=1.0):
+    """A scoring worker's start: it leaves the caller's process group, so that a SIGTERM or Ctrl-C sent to the
+    group (`timeout`, a terminal) reaches the trainer alone, which finishes its step on the pool, saves and
+    closes it; and it exits within poll_s of the trainer's end by a kill -9 or the OOM killer, which close
+    nothing (its Stockfish engines then see their input close and quit)."""
+    os.setpgrp()
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 class ScoringPool:
     """Scores a rollout in worker processes while the caller goes on (the GPU computes reference
     log-probs meanwhile); with workers = 0 it scores in this process. submit() returns a function
@@ -278,10 +294,8 @@ class ScoringPool:
     def new_pool(self):
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
-        # spawn: forking a process that holds CUDA state is unsafe. Each worker leaves the caller's process group: a
-        # SIGTERM or Ctrl-C sent to the group (`timeout`, a terminal) must reach the trainer alone, which finishes
-        # its step on this pool, saves and closes it
-        return ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=os.setpgrp)
+        # spawn: forking a process that holds CUDA state is unsafe
+        return ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=detached_worker)
 
     def submit(self, samples, completions):
         if self.pool is None:

@@ -3,6 +3,8 @@ order, nothing raises."""
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import chess
@@ -156,8 +158,12 @@ def test_scoring_pool_equals_score_batch(workers):
     pool = ScoringPool(workers, "graduated")
     try:
         assert pool.submit(samples, completions)() == score_batch(samples, completions, "graduated")
-        # a SIGTERM to the trainer's process group (`timeout`) must not kill the workers the step still needs
-        assert all(os.getpgid(pid) != os.getpgrp() for pid in (pool.pool._processes if workers else ()))
+        # a SIGTERM to the trainer's process group (`timeout`) must not kill the workers the step still needs: each
+        # leaves the group as it starts (one that has not run a batch yet may still be importing)
+        deadline = time.monotonic() + 30
+        while any(os.getpgid(pid) == os.getpgrp() for pid in (pool.pool._processes if workers else ())):
+            assert time.monotonic() < deadline, "a scoring worker stayed in the trainer's process group"
+            time.sleep(0.1)
     finally:
         pool.close()
 
@@ -179,6 +185,46 @@ def test_a_dead_scoring_worker_costs_one_batch_in_process_not_the_run(capsys):
         assert pool.submit(samples, completions)() == want and not capsys.readouterr().err  # the fresh pool
     finally:
         pool.close()
+
+
+POOL_THEN_WAIT = """
+import sys, time
+from mini.formats import parse_line
+from mini.reward_scorer import ScoringPool
+from mini.test_formats import P_LINES
+pool = ScoringPool(2)
+samples = [parse_line(x) for x in P_LINES]
+pool.submit(samples, [s.completion for s in samples])()
+print(*pool.pool._processes, flush=True)
+time.sleep(60)
+"""
+
+
+def alive(pid):
+    """Whether a process runs (a zombie that no one reaps, as under a container's init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_scoring_workers_end_when_the_trainer_is_killed(spawn):
+    """A trainer killed with SIGKILL (the OOM killer) closes nothing: its scoring workers, in process groups of
+    their own, notice within a second or two and exit, instead of waiting for work forever."""
+    proc = spawn([sys.executable, "-c", POOL_THEN_WAIT], stdout=subprocess.PIPE, text=True,
+                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    try:
+        assert len(workers) == 2 and all(map(alive, workers))
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while any(map(alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(alive, workers))
+    finally:
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_script_without_a_main_guard_scores_in_workers_once(tmp_path):
