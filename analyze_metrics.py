@@ -148,7 +148,11 @@ def main(argv=None):
             sys.exit(f"analyze_metrics.py: {e}")
         first = os.path.normpath(args.runs[0])
         out = args.out or os.path.join(os.path.dirname(first) if first.endswith(".jsonl") else first, "plots")
-        for path in plots.write_run_plots(runs, out):
+        try:
+            written = plots.write_run_plots(runs, out)
+        except OSError as e:  # a file where a folder should be, a read-only folder, a full disk
+            sys.exit(f"analyze_metrics.py: cannot write the plots to {out}: {e.strerror or e}; pick another --out")
+        for path in written:
             print(f"wrote {path}")
 
 

@@ -75,6 +75,9 @@ def problems(values, checks=None):
         out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
     if v("data_source") == "file" and not v("data_file"):
         out.append("--data_source file needs --data_file PATH")
+    if v("eval_chess") and v("eval_every") == 0:
+        out.append("--eval_chess adds chess to the periodic evaluation, which --eval_every 0 turns off; set --eval_every "
+                   "or drop --eval_chess")
     if v("sft_data_file") and not (v("env_sft_coef") or v("policy_sft_coef")):
         out.append("--sft_data_file feeds the supervised terms: set --env_sft_coef or --policy_sft_coef, or drop it")
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import replace
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -144,7 +145,17 @@ def load_model(name_or_path, device="cpu"):
             except ValueError as e:
                 raise LoadError(f"{e}; download or save the snapshot again") from None
     cfg = read_config(path)
-    model = GPT(cfg)
+    has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))
+    try:
+        tokenizer = Tokenizer.from_dir(path) if has_vocab else Tokenizer.gpt2()
+    except ValueError as e:  # damaged tokenizer files: the sentence names the file
+        raise LoadError(f"{e}; download or save the snapshot again") from None
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise LoadError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
+    # an output padded past the tokenizer (nanoGPT's 50304 for GPT-2's 50257) has rows that no token is: cut, so
+    # that sampling never draws an id no text decodes to, and the loss's softmax runs over the same tokens
+    n_tokens = tokenizer.vocab_size
+    model = GPT(replace(cfg, vocab_size=n_tokens))
     own = model.state_dict()
     loaded = set()
     for key, w in read_state_dict(path).items():
@@ -159,6 +170,8 @@ def load_model(name_or_path, device="cpu"):
             raise LoadError(f"{path}: unexpected weight {key!r}; this is not a GPT-2 checkpoint")
         if key.endswith(CONV1D):
             w = w.t()
+        if key == "transformer.wte.weight" and w.shape[0] == cfg.vocab_size:
+            w = w[:n_tokens]
         if w.shape != own[key].shape:
             raise LoadError(f"{path}: weight {key} has shape {tuple(w.shape)} but config.json implies "
                             f"{tuple(own[key].shape)}; config.json and the weights do not match")
@@ -172,13 +185,6 @@ def load_model(name_or_path, device="cpu"):
                         f"{cfg.n_layer}; config.json and the weights do not match")
     if missing:
         raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
-    has_vocab = any(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "tokenizer.json"))
-    try:
-        tokenizer = Tokenizer.from_dir(path) if has_vocab else Tokenizer.gpt2()
-    except ValueError as e:  # damaged tokenizer files: the sentence names the file
-        raise LoadError(f"{e}; download or save the snapshot again") from None
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise LoadError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
     return model.to(device).eval(), tokenizer
 
 

@@ -133,7 +133,7 @@ def _ends(board, move):
 # ----------------------------------------------------------------------------- realistic games
 
 MATE_SCORE = 100000  # centipawns of a mate when softmaxing engine scores
-RESIGN_CP, RESIGN_PLIES = 900, 4  # a side down this much for this many plies in a row resigns
+RESIGN_CP, RESIGN_PLIES = 900, 4  # a game this lopsided for this many plies in a row ends (resignation)
 DRAW_CP, DRAW_PLIES, DRAW_FROM = 30, 20, 120  # a level game this long after ply DRAW_FROM is agreed drawn
 MAX_PLIES = 300
 
@@ -161,8 +161,9 @@ def engine_move(engine, board, rng, nodes, temperature_cp, multipv=5):
 def play_game(engine, rng):
     """A game from the initial position, Stockfish at low strength playing both sides (game_style each): a few
     plausible random opening plies for variety, then engine moves; it ends by the rules (mate, stalemate,
-    insufficient material, a claimable repetition or 50-move draw), by resignation (RESIGN_CP for RESIGN_PLIES;
-    half the games play on to the end), by an agreed draw in a long level game, or at MAX_PLIES.
+    insufficient material, a claimable repetition or 50-move draw), by resignation (the best score at least
+    RESIGN_CP either way for RESIGN_PLIES plies in a row, whichever side is to move, since only the moves are
+    kept; half the games play on to the end), by an agreed draw in a long level game, or at MAX_PLIES.
     -> (UCI moves, how it ended)."""
     board, styles = chess.Board(), {chess.WHITE: game_style(rng), chess.BLACK: game_style(rng)}
     resigns, lost, level = rng.random() < 0.5, 0, 0

@@ -94,6 +94,9 @@ def test_cli_explains_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         am.main([run, "--plot", "--out", str(tmp_path / "report.json")])
     assert f"error: --out {tmp_path / 'report.json'} is a file; name a folder" in capsys.readouterr().err
+    under_a_file = tmp_path / "report.json" / "plots"  # a file on the way: one sentence after the summary
+    with pytest.raises(SystemExit, match=f"cannot write the plots to {under_a_file}: Not a directory; pick another"):
+        am.main([run, "--plot", "--out", str(under_a_file)])
 
 
 def test_cli_several_runs_print_each_summary(tmp_path, capsys):

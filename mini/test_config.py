@@ -100,6 +100,8 @@ def test_the_same_checks_serve_every_script(capsys, monkeypatch):
     assert "--max_new_tokens 0 must be at least 1" in one_line_exit(capsys, evaluate.main, ["--max_new_tokens", "0"])
     assert "--steps 0 must be at least 1" in one_line_exit(capsys, bench.main, ["scoring", "--steps", "0"])
     assert "--sft_data_file feeds the supervised terms" in one_line_exit(capsys, train.main, ["--sft_data_file", "x"])
+    assert "which --eval_every 0 turns off" in one_line_exit(capsys, train.main, ["--eval_chess", "--eval_every", "0"])
+    assert parse_args(["--eval_chess", "--eval_every", "5"]).eval_chess
     assert "--sft_data_file nowhere.jsonl: no such file" in one_line_exit(
         capsys, train.main, ["--sft_data_file", "nowhere.jsonl", "--env_sft_coef", "1"])
     assert parse_args(["--sft_data_file", POOL_PATH, "--policy_sft_coef", "1"]).sft_data_file == POOL_PATH  # either term

@@ -225,6 +225,19 @@ def test_missing_unexpected_and_too_many_tokens_are_load_errors(snapshot, tmp_pa
 
 
 @torch.no_grad()
+def test_an_output_padded_past_the_tokenizer_is_cut_to_its_tokens(tmp_path):
+    """nanoGPT pads GPT-2's 50257 outputs to 50304: the rows past the tokenizer are no token, so they are cut at load
+    (the logits of the real tokens unchanged, none an id that no text decodes to), and the model saves as 50257."""
+    torch.manual_seed(0)
+    padded = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, n_positions=48, vocab_size=50304)).eval()
+    padded.transformer.wte.weight[50257:] = 5.0  # padding rows that would win every draw
+    model, tok = load_model(save_model(padded, Tokenizer.gpt2(), str(tmp_path / "padded")))
+    assert model.config.vocab_size == tok.vocab_size == 50257
+    assert torch.equal(model(IDS), padded(IDS)[..., :50257])
+    assert load_model(save_model(model, tok, str(tmp_path / "cut")))[0].config.vocab_size == 50257
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("shipped", [SHIPPED_MODEL, CI_MODEL])
 def test_shipped_model_loads_here_and_in_transformers(shipped):
     reports = {"eval.json", "chess.json"}  # evaluate.py's and chess_eval.py's default --out here, git-ignored
