@@ -155,8 +155,10 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def _check_positions(self, pos):
-        """One sentence rather than an index error deep inside wpe."""
-        if pos.max() >= self.config.n_positions:
+        """One sentence rather than an index error deep inside wpe; not under torch.compile, where the branch on a
+        tensor's value broke the graph and synced with the host at every forward (the rows come from rollouts
+        that the sampler, uncompiled here, already checked)."""
+        if not torch.compiler.is_compiling() and pos.max() >= self.config.n_positions:
             raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
 
     def _block(self, block, x, attn_mask, prefix=None):

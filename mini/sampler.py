@@ -144,6 +144,15 @@ class SharedPrefixCache:
 
 
 WIDTH_BUCKET = 16  # SharedPrefixCache reads completion tokens in multiples of this
+RECOMPILE_LIMIT = 64  # graphs dynamo keeps for one compiled function (its own default: 8)
+
+
+def compiled(fn, **kwargs):
+    """torch.compile(fn) with room for a graph per shape bucket a run meets (the decode step's rows, columns,
+    prefix widths and temperatures; the forwards' micro-batch shapes): at dynamo's default of 8 a run reached
+    the limit, after which the function ran eagerly with only a warning in the log."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, **kwargs)
 
 
 def _slot_tables(prompt_of, U, G, n_rows):
@@ -278,7 +287,7 @@ def _compiled_cache(model, N, U, G, Tp, T_new, shared_prefix, device, dtype):
         caches[key] = cache
     mode = "reduce-overhead" if device.type == "cuda" else None  # reduce-overhead: CUDA graphs
     if mode not in _compiled_steps:
-        _compiled_steps[mode] = torch.compile(decode_step, mode=mode, dynamic=False)
+        _compiled_steps[mode] = compiled(decode_step, mode=mode, dynamic=False)
     return _compiled_steps[mode], caches[key]
 
 

@@ -13,7 +13,8 @@ import torch
 from mini.model import GPT, GPTConfig
 import torch.nn.functional as F
 
-from mini.sampler import KVCache, SharedPrefixCache, _caches, decode_step, generate, pad_left, sample_next, shares_prefix
+from mini.sampler import (KVCache, SharedPrefixCache, _caches, compiled, decode_step, generate, pad_left, sample_next,
+                          shares_prefix)
 from mini.test_model import hf_and_ours, left_padded
 
 
@@ -368,6 +369,18 @@ def test_cuda_graph_sampled_decode_at_the_real_vocabulary():
         run = lambda **kw: generate(m, prompts, 8, temperature=1.0, generator=torch.Generator("cuda").manual_seed(0), **kw)
         eager, compiled = run(), run(compile_decode=True)
     assert [t for t, _ in compiled] == [t for t, _ in eager]
+
+
+def test_a_compiled_function_keeps_a_graph_for_each_of_many_shapes(monkeypatch):
+    """compiled() makes room for more graphs than dynamo's default of 8 a function: 12 shapes, 12 graphs, none
+    run eagerly past the limit (dynamo's eager backend: no C compiler needed)."""
+    from torch._dynamo.utils import counters
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # the default, whatever ran before
+    f = compiled(lambda x: x * 2, backend="eager", dynamic=False)
+    before = counters["stats"]["unique_graphs"]
+    for n in range(1, 13):
+        assert torch.equal(f(torch.ones(n)), torch.full((n,), 2.0))
+    assert counters["stats"]["unique_graphs"] - before == 12
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught
                        is_disk_full, resume_config, saved_settings)
 from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device,
                           score_workers, seed_everything)
-from mini.sampler import WIDTH_BUCKET, PromptTooLong, generate
+from mini.sampler import WIDTH_BUCKET, PromptTooLong, compiled, generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
 
@@ -114,10 +114,11 @@ class Trainer(Resumable):
         self.model.grad_checkpointing = cfg.grad_checkpointing
         self.value_head = grpo.ValueHead(self.model.config.n_embd).to(self.device) if cfg.use_gae else None
         # the training and reference forwards may be compiled; generation has its own static-shape step (--compile_decode)
-        compiled = lambda forward: torch.compile(forward) if cfg.compile and self.cuda else forward
-        self.policy = PolicyHead(self.model, self.value_head, compiled(self.model.completion_hidden), self.autocast,
+        maybe_compiled = lambda forward: compiled(forward) if cfg.compile and self.cuda else forward
+        self.policy = PolicyHead(self.model, self.value_head, maybe_compiled(self.model.completion_hidden), self.autocast,
                                  cfg.fused_logprobs)
-        self.ref_head = PolicyHead(self.ref, None, compiled(self.ref.completion_hidden), self.autocast, cfg.fused_logprobs)
+        self.ref_head = PolicyHead(self.ref, None, maybe_compiled(self.ref.completion_hidden), self.autocast,
+                                   cfg.fused_logprobs)
         # under torchrun: the same weights on every rank (broadcast from rank 0 here), gradients averaged
         self.ddp = DistributedDataParallel(self.policy, device_ids=[self.device.index] if self.cuda else None) \
             if distributed.active() else None
