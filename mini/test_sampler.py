@@ -371,7 +371,6 @@ def test_cuda_graph_sampled_decode_at_the_real_vocabulary():
     assert [t for t, _ in compiled] == [t for t, _ in eager]
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # dynamo's own imports
 def test_a_compiled_function_keeps_a_graph_for_each_of_many_shapes(monkeypatch):
     """compiled() makes room for more graphs than dynamo's default of 8 a function: 12 shapes, 12 graphs, none
     run eagerly past the limit (dynamo's eager backend: no C compiler needed)."""
