@@ -10,10 +10,11 @@ the continuous reward gives it up to 0.6 for its candidates and evals.
 The full specification, with its weights and a table of engine scores, is in the README.
 """
 import math
+import multiprocessing
+import multiprocessing.connection
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass, replace
 
 from mini.formats import legal_ucis, parse_env, parse_policy
@@ -263,19 +264,20 @@ def group_chunks(samples, parts):
     return starts
 
 
-def detached_worker(poll_s=1.0):
+def detached_worker():
     """A scoring worker's start: it leaves the caller's process group, so that a SIGTERM or Ctrl-C sent to the
     group (`timeout`, a terminal) reaches the trainer alone, which finishes its step on the pool, saves and
-    closes it; and it exits within poll_s of the trainer's end by a kill -9 or the OOM killer, which close
-    nothing (its Stockfish engines then see their input close and quit)."""
+    closes it; and it exits when the trainer ends by a kill -9 or the OOM killer, which close nothing (its
+    Stockfish engines then see their input close and quit). The parent's sentinel is ready once the parent has
+    gone, also when it went while this worker was still starting."""
     os.setpgrp()
-    parent = os.getppid()
+    parent = multiprocessing.parent_process()
 
     def watch():
-        while os.getppid() == parent:
-            time.sleep(poll_s)
+        multiprocessing.connection.wait([parent.sentinel])
         os._exit(0)
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if parent is not None:
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 class ScoringPool:
