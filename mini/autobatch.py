@@ -41,7 +41,7 @@ def probe_peak_memory(trainer, local_batch):
         adv, returns, _ = trainer.advantages(r)
         trainer.update(r, adv, returns, apply=False)
         peak = torch.cuda.max_memory_allocated() + optimizer_state_bytes(trainer.optimizer)
-    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # cuBLAS or a CUDA graph's capture says it plainly
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one; cuBLAS or a CUDA graph's capture says it plainly
         if not isinstance(e, torch.cuda.OutOfMemoryError) and "out of memory" not in str(e).lower():
             raise
         peak = None
