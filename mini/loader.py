@@ -56,8 +56,25 @@ def check_checksum(path):
         raise ValueError(f"{path} does not match its checksum ({os.path.basename(path)}.sha256): it is damaged")
 
 
+def replaced_aside(out_dir):
+    """Where save_model keeps the snapshot it replaces until the new one is in place."""
+    return os.path.join(os.path.dirname(os.path.abspath(out_dir)), ".old-" + os.path.basename(os.path.abspath(out_dir)))
+
+
+def finish_interrupted_save(out_dir):
+    """A save killed between its two renames left the earlier snapshot aside and none in out_dir: put it back.
+    Killed after them, the aside copy is the superseded one: remove it."""
+    aside = replaced_aside(out_dir)
+    if os.path.isdir(aside):
+        if os.path.exists(out_dir):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(aside, out_dir)
+
+
 def resolve_snapshot(name_or_path):
     """A local directory as it is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+    finish_interrupted_save(name_or_path)
     if os.path.isdir(name_or_path):
         return name_or_path
     if looks_like_path(name_or_path):
@@ -190,7 +207,9 @@ def load_model(name_or_path, device="cpu"):
 
 def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     """Write a Hugging Face GPT-2 snapshot with weights in dtype (bf16 halves the file; load_model reads
-    either as fp32); a temporary directory is renamed into place when complete."""
+    either as fp32); a temporary directory is renamed into place when complete. A snapshot already in
+    out_dir is renamed aside first and removed last, so that a kill at any moment leaves one complete
+    snapshot (finish_interrupted_save, run by the next save or load, puts it back where it belongs)."""
     cfg = model.config
     hf_config = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_layer=cfg.n_layer, n_head=cfg.n_head,
                      n_embd=cfg.n_embd, n_positions=cfg.n_positions, n_ctx=cfg.n_positions, vocab_size=cfg.vocab_size,
@@ -200,6 +219,8 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     state = {k: (v.t() if k.endswith(CONV1D) else v).detach().to("cpu", dtype).contiguous()
              for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: stored once, as wte
     out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise LoadError(f"cannot save a model to {out_dir}: it is a file; pick a directory's path")
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
     try:
@@ -212,7 +233,10 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     except BaseException:  # a full disk: no half-written snapshot left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finish_interrupted_save(out_dir)
+    aside = replaced_aside(out_dir)
     if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
+        os.rename(out_dir, aside)
     os.rename(tmp, out_dir)
+    shutil.rmtree(aside, ignore_errors=True)
     return out_dir

@@ -1806,6 +1806,14 @@ MUTANTS = [
     Mutant("pgn_missing_file_late", "annotate.py --pgn of a missing file fails after the engine is looked for",
            "annotate.py", "            if not os.path.isfile(path):\n                p.error(", "            if False:\n                p.error(",
            ("mini/test_annotate.py::test_pgn_flags_that_cannot_apply_stop_before_any_work",)),
+    Mutant("save_removes_old_first", "save_model removes the old snapshot before the new is in: a kill between leaves none",
+           "loader.py", "    if os.path.exists(out_dir):\n        os.rename(out_dir, aside)\n",
+           "    if os.path.exists(out_dir):\n        shutil.rmtree(out_dir)\n", ("mini/test_loader.py::test_a_save_killed_at_any_moment_leaves_one_complete_snapshot",)),
+    Mutant("interrupted_save_not_restored", "a snapshot left aside by a killed save is not put back: the model is gone",
+           "loader.py", "        else:\n            os.rename(aside, out_dir)\n", "", ("mini/test_loader.py::test_a_save_killed_at_any_moment_leaves_one_complete_snapshot",)),
+    Mutant("save_onto_file", "save_model onto a file's path: a traceback after the weights are written",
+           "loader.py", "if os.path.exists(out_dir) and not os.path.isdir(out_dir):", "if False:",
+           ("mini/test_loader.py::test_a_save_onto_a_file_is_refused",)),
 ]
 
 

@@ -147,6 +147,55 @@ def test_bf16_snapshot(snapshot, tmp_path):
         assert torch.equal(loaded.state_dict()[key], w.bfloat16().float()), key
 
 
+class Killed(BaseException):
+    """A kill -9 at that system call, as far as the files are concerned."""
+
+
+@pytest.mark.parametrize("killed_at", ["moving the old aside", "moving the new in", "removing the old"])
+@torch.no_grad()
+def test_a_save_killed_at_any_moment_leaves_one_complete_snapshot(snapshot, tmp_path, monkeypatch, killed_at):
+    """sft.py overwrites final/ every few minutes: a kill between removing the old snapshot and renaming the new
+    one in used to leave none. Now the old is renamed aside and removed last; the next load or save puts back
+    whichever is complete."""
+    old, _ = snapshot
+    out = str(tmp_path / "final")
+    save_model(old, Tokenizer.gpt2(), out)
+    new = GPT(old.config).eval()
+    rename, rmtree = os.rename, shutil.rmtree
+    calls = {"rename": 0}
+
+    def kill_rename(src, dst):
+        calls["rename"] += 1
+        if (killed_at, calls["rename"]) in (("moving the old aside", 1), ("moving the new in", 2)):
+            raise Killed
+        rename(src, dst)
+
+    def kill_rmtree(path, *a, **k):
+        if os.path.basename(path) == ".old-final":
+            raise Killed
+        rmtree(path, *a, **k)
+
+    monkeypatch.setattr(os, "rename", kill_rename)
+    monkeypatch.setattr(shutil, "rmtree", kill_rmtree if killed_at == "removing the old" else rmtree)
+    with pytest.raises(Killed):
+        save_model(new, Tokenizer.gpt2(), out)
+    monkeypatch.undo()
+    survivor = new if killed_at == "removing the old" else old
+    loaded, _ = load_model(out)
+    assert torch.equal(loaded(IDS), survivor(IDS))
+    assert not os.path.exists(tmp_path / ".old-final")
+    save_model(new, Tokenizer.gpt2(), out)  # and the next save goes through
+    assert torch.equal(load_model(out)[0](IDS), new(IDS))
+    assert [f for f in os.listdir(tmp_path) if not f.startswith(".tmp-")] == ["final"]  # .tmp-*: RunDir.claim's
+
+
+def test_a_save_onto_a_file_is_refused(snapshot, tmp_path):
+    (tmp_path / "final").write_text("notes")
+    with pytest.raises(LoadError, match="it is a file"):
+        save_model(snapshot[0], Tokenizer.gpt2(), str(tmp_path / "final"))
+    assert (tmp_path / "final").read_text() == "notes"
+
+
 def copy_snapshot(path, to, state):
     """config.json and the tokenizer files of path (no checksums: a hand-edited snapshot) with these weights."""
     for f in ("config.json", "vocab.json", "merges.txt"):
