@@ -1814,6 +1814,13 @@ MUTANTS = [
     Mutant("save_onto_file", "save_model onto a file's path: a traceback after the weights are written",
            "loader.py", "if os.path.exists(out_dir) and not os.path.isdir(out_dir):", "if False:",
            ("mini/test_loader.py::test_a_save_onto_a_file_is_refused",)),
+    Mutant("decode_copy_stale", "the compiled decode's bf16 copy is not refreshed: rollouts sample from the weights of step 0",
+           "sampler.py", "    elif held[3] != versions:\n", "    elif False:\n", ("mini/test_sampler.py::test_the_compiled_decodes_model_casts_its_matmuls_once_and_follows_the_weights",)),
+    Mutant("decode_copy_unused", "the compiled decode runs the fp32 model under autocast: every weight cast again at each token",
+           "sampler.py", "        decoder = with_matmuls_in(model, dtype)\n", "",
+           ("mini/test_sampler.py::test_compiled_decode_under_bf16_autocast_equals_eager",)),
+    Mutant("decode_copy_rounds_norms", "the compiled decode's copy rounds the embeddings and LayerNorms to bf16 too",
+           "sampler.py", "decoder = copy.deepcopy(model, memo=shared).cast_matmuls(dtype)", "decoder = copy.deepcopy(model).to(dtype)", ("mini/test_sampler.py::test_the_compiled_decodes_model_casts_its_matmuls_once_and_follows_the_weights",)),
 ]
 
 

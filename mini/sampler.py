@@ -6,10 +6,12 @@ one-uniform-per-row sampler, a static-shape decode step, and `generate`.
     out = generate(model, [prompt_ids] * 8, max_new_tokens=96, temperature=1.0)  # [(ids, logprobs)] * 8
     out = generate(model, prompts, 96, compile_decode=True)  # the decode step compiled (CUDA graphs on CUDA)
 """
+import copy
 import weakref
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mini.model import causal_mask
 
@@ -303,6 +305,36 @@ _caches = weakref.WeakKeyDictionary()  # model -> {bucket: KVCache or SharedPref
 _compiled_steps = {}  # torch.compile mode -> compiled decode_step
 
 
+_matmul_copies = weakref.WeakKeyDictionary()  # model -> (copy, [(copy's weight, model's)], dtype, weights' versions)
+
+
+def with_matmuls_in(model, dtype):
+    """The model the compiled decode step runs: model itself, or, under autocast to a narrower dtype, a copy
+    whose Linear weights are in that dtype (GPT.cast_matmuls) and which shares model's embeddings and
+    LayerNorms. Eager autocast casts each fp32 weight once per autocast region (it caches the casts of
+    weights that require grad); a compiled graph casts them all again at every token, reading and writing
+    the model's matmul weights per token. Under autocast the copy's outputs are bitwise model's. It is kept
+    per model and refreshed in place (fixed addresses, as CUDA graphs need) whenever model's weights changed
+    since: an optimizer step or load_state_dict bumps their version counters."""
+    if next(model.parameters()).dtype == dtype:
+        return model
+    versions = [(p._version, p.data_ptr()) for p in model.parameters()]
+    held = _matmul_copies.get(model)
+    if held is None or held[2] != dtype:
+        owner = lambda name: model.get_submodule(name.rpartition(".")[0])
+        shared = {id(p): p for n, p in model.named_parameters() if not isinstance(owner(n), nn.Linear)}
+        decoder = copy.deepcopy(model, memo=shared).cast_matmuls(dtype)  # embeddings and norms: model's own
+        pairs = [(getattr(decoder.get_submodule(name), w), getattr(m, w)) for name, m in model.named_modules()
+                 if isinstance(m, nn.Linear) for w in ("weight", "bias") if getattr(m, w) is not None]
+        held = _matmul_copies[model] = [decoder, pairs, dtype, versions]
+    elif held[3] != versions:
+        with torch.no_grad():
+            for mine, theirs in held[1]:
+                mine.copy_(theirs)
+        held[3] = versions
+    return held[0]
+
+
 def release_decode_caches(model):
     """Drop the compiled decode's caches of model (autobatch's probes: the sizes the run will not use)."""
     _caches.pop(model, None)
@@ -353,8 +385,10 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     # prefill each distinct prompt once
     prefill = KVCache(model.config, U, Tp, device, dtype)
     logits = decode_logits(model, model.hidden(ids, mask, cache=prefill)[:, -1], scale)  # (U, vocab)
+    decoder = model
     if compile_decode:
         step, cache = _compiled_cache(model, N, U, G, Tp, max_new_tokens, shared_prefix, device, dtype)
+        decoder = with_matmuls_in(model, dtype)
     elif shared_prefix:
         step, cache = decode_step, SharedPrefixCache(model.config, U, Tp, G, N, max_new_tokens, device, dtype)
     else:
@@ -394,7 +428,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
         if shared_prefix:  # token t goes in at completion column t: read the columns up to it, in buckets
             cache.width = min(round_up(t + 1, WIDTH_BUCKET), cache.max_new)
-        logits = step(model, cache, nxt, scale)  # (Nb, vocab)
+        logits = step(decoder, cache, nxt, scale)  # (Nb, vocab)
         nxt, logp = sample_next(logits, temperature, top_k, u=None if u is None else u[t + 1])
 
     tokens, logprobs = tokens[:N].cpu().tolist(), logprobs[:N].cpu()

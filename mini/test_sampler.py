@@ -13,7 +13,8 @@ import torch
 from mini.model import GPT, GPTConfig
 import torch.nn.functional as F
 
-from mini.sampler import (KVCache, SharedPrefixCache, _caches, compiled, decode_step, generate, pad_left, sample_next,
+from mini.sampler import (KVCache, SharedPrefixCache, _caches, _matmul_copies, compiled, decode_step, generate, pad_left,
+                          sample_next, with_matmuls_in,
                           shares_prefix)
 from mini.test_model import hf_and_ours, left_padded
 
@@ -343,6 +344,44 @@ def test_compiled_decode_equals_eager_sampled(peaked, shared_prefix):
     run = lambda **kw: generate(peaked, PROMPTS, 20, temperature=0.8, top_k=10, eos_id=72, shared_prefix=shared_prefix,
                                 generator=torch.Generator().manual_seed(1), **kw)  # 72: stops after 10 to 20 tokens
     assert_same_decoding(run(), run(compile_decode=True))
+
+
+def test_the_compiled_decodes_model_casts_its_matmuls_once_and_follows_the_weights():
+    """Under bf16 autocast the compiled step runs a copy whose Linear weights are bf16 (a graph would cast the
+    fp32 ones at every token), sharing the embeddings and LayerNorms: bitwise the model's outputs, before
+    and after an optimizer step, which the copy follows in place (the addresses a CUDA graph holds)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=97))
+    assert with_matmuls_in(m, torch.float32) is m
+    d = with_matmuls_in(m, torch.bfloat16)
+    assert d is not m and with_matmuls_in(m, torch.bfloat16) is d
+    assert d.transformer.wte.weight is m.transformer.wte.weight and d.transformer.h[1].ln_2.bias is m.transformer.h[1].ln_2.bias
+    linears = [x for x in d.modules() if isinstance(x, torch.nn.Linear)]
+    assert len(linears) == 9 and all(p.dtype == torch.bfloat16 for x in linears for p in x.parameters())
+    ids = torch.tensor([[5, 9, 2, 7, 1, 3]])
+    outputs = lambda model: model(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        before = outputs(m)
+        assert torch.equal(outputs(d), before)
+    addresses = [p.data_ptr() for p in d.parameters()]
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(ids).logsumexp(-1).mean().backward()
+    opt.step()
+    assert with_matmuls_in(m, torch.bfloat16) is d and [p.data_ptr() for p in d.parameters()] == addresses
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        after = outputs(m)
+        assert not torch.equal(after, before) and torch.equal(outputs(d), after)
+    m.load_state_dict(GPT(m.config).state_dict())  # a rollback, a resume
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        assert torch.equal(outputs(with_matmuls_in(m, torch.bfloat16)), outputs(m))
+
+
+@torch.no_grad()
+def test_compiled_decode_under_bf16_autocast_equals_eager(peaked):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = generate(peaked, PROMPTS, 20, temperature=0, eos_id=78)
+        assert_same_decoding(eager, generate(peaked, PROMPTS, 20, temperature=0, eos_id=78, compile_decode=True), atol=0.02)
+    assert _matmul_copies[peaked][2] == torch.bfloat16  # the step ran on the copy
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs via mode=reduce-overhead")
