@@ -149,17 +149,18 @@ def update_flops(body, wte, prompt_tokens, comp_tokens, k, iterations, fused):
     return executed, nominal
 
 
-def decode_token_bytes(weight_bytes, kv, rows, k, prompt_tokens, new_tokens, shared):
+def decode_token_bytes(weight_bytes, kv, rows, k, prompt_tokens, prompt_width, new_tokens, shared):
     """(ideal, as read) bytes one decode token moves, on average over the new_tokens - 1 decode steps: the
     weights, and kv bytes per cached column of a row. The ideal decoder reads every row's prompt (prompt_tokens
-    summed over the rows) and half its completion on average; as read with the shared prefix (SharedPrefixCache),
-    each group's prompt once and each row's completion columns up to the step's width bucket; without it every
-    row's copy of its prompt and every preallocated column."""
+    summed over the rows) and half its completion on average. As read, each prompt is left-padded to the
+    longest (prompt_width columns): with the shared prefix (SharedPrefixCache) each group's prompt once and
+    each row's completion columns up to the step's width bucket; without it every row's copy of its prompt
+    and every preallocated column. Eager decode's shapes: a compiled decode's buckets read a few more."""
     ideal = weight_bytes + kv * (prompt_tokens + rows * new_tokens / 2)
     if shared:
         width = statistics.mean(min(round_up(t + 1, WIDTH_BUCKET), new_tokens) for t in range(new_tokens - 1))
-        return ideal, weight_bytes + kv * (prompt_tokens / k + rows * width)
-    return ideal, weight_bytes + kv * (prompt_tokens + rows * new_tokens)
+        return ideal, weight_bytes + kv * (rows / k * prompt_width + rows * width)
+    return ideal, weight_bytes + kv * rows * (prompt_width + new_tokens)
 
 
 def ours(a, cfg, device):
@@ -188,8 +189,8 @@ def ours(a, cfg, device):
     peak_tflops = a.peak_tflops or device_peak(PEAK_TFLOPS, device)
     b = 2 if (cfg.bf16 if device.type == "cuda" else cfg.bf16_cpu) else 4  # bytes per weight and cached value
     kv = 2 * c.n_layer * c.n_embd * b  # bytes of one cached column of one row
-    decode_bytes, read_bytes = decode_token_bytes(b * model.num_params(), kv, n, a.k, prompt_tokens, a.new_tokens,
-                                                  shares_prefix(cfg.shared_prefix_decode, device))
+    decode_bytes, read_bytes = decode_token_bytes(b * model.num_params(), kv, n, a.k, prompt_tokens, med["prompt_len_max"],
+                                                  a.new_tokens, shares_prefix(cfg.shared_prefix_decode, device))
     token_s = phases["generate"] / a.new_tokens
     gbps, read_gbps = decode_bytes / token_s / 1e9, read_bytes / token_s / 1e9
     peak_gbps = a.peak_gbps or device_peak(PEAK_GBPS, device)

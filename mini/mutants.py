@@ -1821,6 +1821,13 @@ MUTANTS = [
            ("mini/test_sampler.py::test_compiled_decode_under_bf16_autocast_equals_eager",)),
     Mutant("decode_copy_rounds_norms", "the compiled decode's copy rounds the embeddings and LayerNorms to bf16 too",
            "sampler.py", "decoder = copy.deepcopy(model, memo=shared).cast_matmuls(dtype)", "decoder = copy.deepcopy(model).to(dtype)", ("mini/test_sampler.py::test_the_compiled_decodes_model_casts_its_matmuls_once_and_follows_the_weights",)),
+    Mutant("decode_reads_real_prompts", "bench's decode bytes as read count the prompts' real tokens, not their padded columns",
+           "bench.py", "return ideal, weight_bytes + kv * rows * (prompt_width + new_tokens)",
+           "return ideal, weight_bytes + kv * (prompt_tokens + rows * new_tokens)",
+           ("mini/test_bench.py::test_update_flops_and_decode_bytes_by_hand",)),
+    Mutant("prompt_len_max_of_this_rank", "prompt_len_max is this rank's longest prompt, not the global batch's",
+           "rollout.py", "max(part[4] for part in ranks)", "mine[4]",
+           ("mini/test_metrics.py::test_the_global_batch_of_two_ranks_by_hand",)),
 ]
 
 

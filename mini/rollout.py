@@ -126,6 +126,7 @@ class GlobalBatch:
     tasks: list            # N "P" or "A"
     lens: list             # N completion lengths
     prompt_tokens: int
+    prompt_len_max: int    # the longest prompt: the columns every row's left-padded prompt takes in decode
     sampling: dict         # dynamic sampling's metrics (empty without it)
     rewards: torch.Tensor  # (N,)
     offset: int
@@ -133,19 +134,20 @@ class GlobalBatch:
     @classmethod
     def gather(cls, r, sampling, rank):
         """Every rank's rows of the scored rollout r (none of a weightless one); sets r.rewards, this rank's."""
-        mine = ([], [], [], 0) if r.weightless else (r.scores, r.tasks, [len(c) for c in r.completions],
-                                                     sum(map(len, r.prompts)))
+        mine = ([], [], [], 0, 0) if r.weightless else (r.scores, r.tasks, [len(c) for c in r.completions],
+                                                        sum(map(len, r.prompts)), max(map(len, r.prompts)))
         ranks = distributed.gather((*mine, sampling))
         scores, tasks, lens = ([x for part in ranks for x in part[i]] for i in range(3))
         offset = sum(len(part[0]) for part in ranks[:rank])
         rewards = torch.tensor([reward for reward, _ in scores], dtype=torch.float32)  # (N,)
         r.rewards = torch.zeros(len(r.scores)) if r.weightless else rewards[offset:offset + len(r.scores)]
-        return cls(scores, tasks, lens, sum(part[3] for part in ranks), merge_sampling([part[4] for part in ranks]),
-                   rewards, offset)
+        return cls(scores, tasks, lens, sum(part[3] for part in ranks), max(part[4] for part in ranks),
+                   merge_sampling([part[5] for part in ranks]), rewards, offset)
 
     def metrics(self, max_new_tokens):
         return {**self.sampling, **reward_metrics(self.rewards, self.tasks, self.scores),
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": sum(self.lens),
+                "prompt_tokens": self.prompt_tokens, "prompt_len_max": self.prompt_len_max,
+                "completion_tokens": sum(self.lens),
                 "completion_len_mean": sum(self.lens) / len(self.lens),
                 "completion_clipped_ratio": sum(n >= max_new_tokens for n in self.lens) / len(self.lens)}
 

@@ -139,11 +139,12 @@ def test_update_flops_and_decode_bytes_by_hand():
     assert bench.update_flops(100, 50, 40, 80, 4, 2, fused=False) == ((6 * 100 * (10 + 80) + 6 * 50 * 80) * 2,
                                                                        6 * (100 * 120 + 50 * 80) * 2)
     assert bench.update_flops(100, 50, 40, 80, 4, 2, fused=True) == (172_000, 192_000)
+    # 8 rows of 2 prompts, 4 rows each, of 4 and 6 tokens (40 in all), left-padded to 6 columns.
     # 40 new tokens, 39 decode steps: widths 16 (16 steps), 32 (16), then 48 capped at 40 (7)
-    ideal, shared = bench.decode_token_bytes(2000, 10, 8, 4, 40, 40, shared=True)
+    ideal, shared = bench.decode_token_bytes(2000, 10, 8, 4, 40, 6, 40, shared=True)
     assert ideal == 2000 + 10 * (40 + 8 * 20)
-    assert shared == pytest.approx(2000 + 10 * (40 / 4 + 8 * (16 * 16 + 16 * 32 + 7 * 40) / 39))
-    assert bench.decode_token_bytes(2000, 10, 8, 4, 40, 40, shared=False) == (4000, 2000 + 10 * (40 + 8 * 40))
+    assert shared == pytest.approx(2000 + 10 * (2 * 6 + 8 * (16 * 16 + 16 * 32 + 7 * 40) / 39))
+    assert bench.decode_token_bytes(2000, 10, 8, 4, 40, 6, 40, shared=False) == (4000, 2000 + 10 * 8 * (6 + 40))
 
 
 if __name__ == "__main__":

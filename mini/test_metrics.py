@@ -95,7 +95,8 @@ def test_a_steps_metrics_row_by_hand(trainer, monkeypatch):
     assert lens[0] > 30 > lens[1] and lens[3] < 30 and lens[2] > 30  # the P: and A: answers are long, junk short
     # |advantage| of a group of 2 rewards d apart: (d / 2) / (d / sqrt(2) + 1e-4); group 3 has none
     adv = lambda d: (d / 2) / (d / math.sqrt(2) + 1e-4)
-    want = {**REWARD_METRICS, "prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(lens),
+    want = {**REWARD_METRICS, "prompt_tokens": sum(map(len, prompts)), "prompt_len_max": max(map(len, prompts)),
+            "completion_tokens": sum(lens),
             "completion_len_mean": sum(lens) / 8, "completion_clipped_ratio": sum(n >= 30 for n in lens) / 8,
             "zero_var_share": 1 / 4, "adv_abs_mean": 2 * (adv(0.392) + adv(1.3) + adv(1.084)) / 8, "step": 1}
     for k, v in want.items():
@@ -134,17 +135,17 @@ def test_kl_and_entropy_metrics_are_per_token_whatever_the_loss_type():
 
 def test_the_global_batch_of_two_ranks_by_hand(monkeypatch):
     """GlobalBatch.gather on rank 1 of two (distributed.gather stubbed with both ranks' parts): every rank's rows in
-    rank order, this rank's rewards from its offset, the prompt tokens of both ranks; a completion of
-    --max_new_tokens tokens (30) or more ran out of room: clipped."""
-    parts = [([(1.0, {}), (0.0, {})], ["P", "P"], [30, 4], 11, {}),
-             ([(0.5, {}), (-1.0, {})], ["A", "A"], [31, 29], 7, {})]
+    rank order, this rank's rewards from its offset, the prompt tokens of both ranks and the longest of their
+    prompts; a completion of --max_new_tokens tokens (30) or more ran out of room: clipped."""
+    parts = [([(1.0, {}), (0.0, {})], ["P", "P"], [30, 4], 11, 9, {}),
+             ([(0.5, {}), (-1.0, {})], ["A", "A"], [31, 29], 7, 7, {})]
     monkeypatch.setattr(distributed, "gather", lambda mine: parts)
     r = types.SimpleNamespace(scores=parts[1][0], tasks=["A", "A"], completions=[[0] * 31, [0] * 29], prompts=[[0] * 7],
                               weightless=False)
     g = GlobalBatch.gather(r, {}, rank=1)
     assert g.offset == 2 and g.rewards.tolist() == [1.0, 0.0, 0.5, -1.0] and r.rewards.tolist() == [0.5, -1.0]
     m = g.metrics(30)
-    assert (m["prompt_tokens"], m["completion_tokens"], m["completion_len_mean"]) == (18, 94, 23.5)
+    assert (m["prompt_tokens"], m["prompt_len_max"], m["completion_tokens"], m["completion_len_mean"]) == (18, 9, 94, 23.5)
     assert m["completion_clipped_ratio"] == 0.5 and m["reward_mean_A"] == -0.25
 
 
@@ -192,9 +193,9 @@ def test_a_rank_that_kept_no_group_while_another_did_sends_a_weightless_placehol
     assert normalisers(out.comp_mask)["n_seqs"] == 0 and out.logged(1, 4, 2) == []
     sent = []
     monkeypatch.setattr(distributed, "gather", lambda mine: sent.append(mine) or [
-        ([(1.0, {}), (0.0, {})], ["P", "P"], [3, 4], 5, {}), mine])
+        ([(1.0, {}), (0.0, {})], ["P", "P"], [3, 4], 5, 3, {}), mine])
     g = GlobalBatch.gather(out, {}, rank=1)
-    assert sent == [([], [], [], 0, {})] and g.rewards.tolist() == [1.0, 0.0] and out.rewards.tolist() == [0.0, 0.0]
+    assert sent == [([], [], [], 0, 0, {})] and g.rewards.tolist() == [1.0, 0.0] and out.rewards.tolist() == [0.0, 0.0]
     assert not groups.rollout(2).weightless  # no rank kept a group: the last rollout whole, as before
 
 
