@@ -45,10 +45,14 @@ def load_metrics(path):
     return sorted(rows, key=lambda r: r["step"])
 
 
+def is_number(value):
+    """A null or a string, as in a hand-edited file, is no value: left out of means, tables and sums."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def mean_of(rows, key):
-    """Mean of key over the rows that hold a number for it (None if none does): a null or a string, as in a
-    hand-edited file, is left out."""
-    vals = [v for r in rows if isinstance(v := r.get(key), (int, float)) and not isinstance(v, bool)]
+    """Mean of key over the rows that hold a number for it (None if none does)."""
+    vals = [v for r in rows if is_number(v := r.get(key))]
     return sum(vals) / len(vals) if vals else None
 
 
@@ -83,7 +87,7 @@ def warnings(rows):
         out.append(f"{late('clip_frac'):.0%} of tokens clipped late in the run: updates are too large")
     if len(rows) >= 10 and (mean_of(last, "reward_mean") or 0.0) <= (mean_of(first, "reward_mean") or 0.0):
         out.append("the training reward did not rise from the first fifth of the run to the last")
-    evals = [r for r in rows if "eval_reward" in r]
+    evals = [r for r in rows if is_number(r.get("eval_reward"))]
     if len(evals) >= 2 and evals[-1]["eval_reward"] < evals[0]["eval_reward"]:
         out.append(f"held-out reward fell from {evals[0]['eval_reward']:.3f} (step {evals[0]['step']}) to "
                    f"{evals[-1]['eval_reward']:.3f} (step {evals[-1]['step']})")
@@ -104,15 +108,15 @@ def run_name(path):
 def summary(rows, n_windows):
     """Print the step count and time, the trend table, the held-out evaluations and the warnings."""
     keys = [k for k in TREND if any(k in r for r in rows)]
-    minutes = sum(r.get("time_step", 0.0) for r in rows) / 60
+    minutes = sum(v for r in rows if is_number(v := r.get("time_step"))) / 60
     print(f"{len(rows)} steps" + (f", {minutes:.1f} min" if minutes else "") + "\n")
     print(table(["steps"] + keys, [[f"{a}-{b}"] + [f"{m[k]:.3f}" if k in m else "-" for k in keys]
                                    for a, b, m in window_means(rows, keys, n_windows)]))
     evals = [r for r in rows if "eval_reward" in r]
     if evals:
         keys = [k for k in EVAL if any(k in r for r in evals)]
-        print("\nheld-out evaluation\n" + table(["step"] + keys, [[r["step"]] + [f"{r[k]:.3f}" if k in r else "-"
-                                                                                for k in keys] for r in evals]))
+        print("\nheld-out evaluation\n" + table(["step"] + keys, [[r["step"]] + [
+            f"{r[k]:.3f}" if is_number(r.get(k)) else "-" for k in keys] for r in evals]))
     for w in warnings(rows):
         print(f"warning: {w}")
 

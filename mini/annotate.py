@@ -408,6 +408,12 @@ def main(argv=None):
         p.error(f"--pool_path alone would write the held-out set over the shipped "
                 f"{os.path.relpath(REAL_EVAL_PATH if a.games else EVAL_PATH)}; give --eval_path PATH too, or "
                 f"{'--eval_games 0' if a.games else '--eval 0'} for a training pool only")
+    same = lambda x, y: x and y and os.path.realpath(x) == os.path.realpath(y)
+    if writes_held_out and same(a.pool_path, a.eval_path):
+        p.error(f"--pool_path and --eval_path are both {a.pool_path}: the pool would be written over the held-out "
+                "set; give them two files")
+    if any(same(a.cache, path) for path in (a.pool_path, a.eval_path)):
+        p.error(f"--cache {a.cache} is also an output of this run; give the analyses' cache a file of its own")
     try:  # before any game is played or position screened, so that a missing engine costs nothing
         a.stockfish_path = find_stockfish(a.stockfish_path)
     except FileNotFoundError as e:

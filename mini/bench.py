@@ -30,7 +30,7 @@ import torch
 
 from mini.autobatch import choose_batch_size
 from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
-from mini.flags import Parser, Switch, parse_args
+from mini.flags import Parser, Switch, error_sentence, parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.loader import save_model
@@ -535,7 +535,10 @@ def main(argv=None):
     for k, v in MODE_DEFAULTS[a.mode].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring, "data": bench_data}[a.mode](a)
+    try:
+        out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring, "data": bench_data}[a.mode](a)
+    except (OSError, ValueError) as e:  # a missing, empty or malformed --data_file: its loader's sentence
+        sys.exit(f"bench.py: {error_sentence(e)}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -362,7 +362,7 @@ def main(argv=None):
         p.error(f"--n {a.n} is the number of positions --build_mates makes; for the suite use --n_mates or --n_quality")
     if not (a.n_mates or a.n_quality or a.games or a.sf_games):  # else an empty report, taken for a measurement
         p.error("--n_mates, --n_quality, --games and --sf_games are all 0: nothing to evaluate; leave one on")
-    out = report_path(p, a.out, a.model_path, "chess.json")
+    out = report_path(p, a.out, a.model_path, "chess.json", inputs=[a.mates_path])
     if a.sf_skill == 20 and a.sf_games > SF_STARTS:  # a deterministic game of the greedy player repeats move for move
         p.error(f"--sf_games {a.sf_games} would replay games: at Skill Level 20 each of the {SF_STARTS} starts and "
                 f"colours gives one game, so ask for at most {SF_STARTS} (or a --sf_skill below 20, whose games are "

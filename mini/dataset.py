@@ -114,6 +114,8 @@ def annotated_sample(line):
             raise ValueError('an A: record needs "move" as a UCI string and "history", the recent moves ending '
                              'with it (mini/annotate.py --games writes them)')
         sample = env_sample(r["fen"], r["move"], r["history"])
+        if sample.history[-1:] != [r["move"]]:
+            raise ValueError(f"an A: record's history ends with its move {r['move']!r:.20} (the format's last entry)")
         played = sample.history[:-1]  # the last is the move judged, which may be illegal or garbled on purpose
     else:
         check_policy(r["fen"], r.get("moves"), r.get("evals"))

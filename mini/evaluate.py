@@ -29,7 +29,7 @@ from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
 from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
-from mini.loader import LoadError, load_model
+from mini.loader import SNAPSHOT_FILES, LoadError, load_model
 from mini.positions import history_bucket, king_constraint, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
 from mini.runtime import autocast, resolve_device
@@ -253,12 +253,18 @@ def report_sample(x):
         isinstance(x[k], str) for k in ("prompt", "completion", "label") if k in x)
 
 
-def report_path(parser, out, model_path, name):
-    """Where a report goes: out (--out), else `name` in the model's folder; a path that could not be written
-    is refused at once (parser.error), not after the minutes of the evaluation."""
+def report_path(parser, out, model_path, name, inputs=()):
+    """Where a report goes: out (--out), else `name` in the model's folder; a path that could not be written,
+    or that names an input (a data file, a file of the snapshot), is refused at once (parser.error), not after
+    the minutes of the evaluation."""
     out = out or os.path.join(model_path if os.path.isdir(model_path) else ".", name)
     for problem in unwritable_outputs({"out": out})[:1]:
         parser.error(problem)
+    real = os.path.realpath(out)
+    snapshot = [os.path.join(model_path, f + ext) for f in SNAPSHOT_FILES for ext in ("", ".sha256")]
+    if any(real == os.path.realpath(path) for path in [*inputs, *snapshot] if path):
+        parser.error(f"--out {out} would write the report over an input of this evaluation; give the report a "
+                     "file of its own")
     return out
 
 
@@ -388,7 +394,7 @@ def main(argv=None):
         return
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")
-    out = report_path(p, args.out, args.model_path, "eval.json")
+    out = report_path(p, args.out, args.model_path, "eval.json", inputs=[args.data])
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
         samples = load_eval_set(args.data, args.n, args.pad)

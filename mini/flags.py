@@ -108,6 +108,13 @@ def problems(values, checks=None):
         out.append(f"{starts[0]} needs --run_name: the run to continue")
     if v("run_name") and (os.sep in v("run_name") or v("run_name") in (".", "..")):
         out.append(f"--run_name {v('run_name')!r} must be a plain name (no {os.sep!r}); --log_dir says where runs go")
+    if v("run_name") and not v("run_name").isprintable() or v("run_name") and not v("run_name").strip():
+        out.append(f"--run_name {v('run_name')!r} must be a name one can type: printable, not blank")
+    model, run = v("model_path"), v("log_dir") and v("run_name") and os.path.join(v("log_dir"), v("run_name"))
+    if v("overwrite") and model and run and os.path.isdir(run) and os.path.realpath(model).startswith(
+            os.path.realpath(run) + os.sep):
+        out.append(f"--overwrite would move the run {run} aside, and with it --model_path {model}: copy the model "
+                   "out first, or pick another --run_name")
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")

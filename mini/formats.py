@@ -80,16 +80,19 @@ def policy_completion(moves, evals, best):
     return " M: " + f"{' '.join(moves):30}" + "E: " + f"{' '.join(str(float(e)) for e in evals):40}" + "B: " + best
 
 
+MAX_HISTORY = 10  # half-moves an A: prompt carries, the move included
+
+
 def _history(history):
     """The moves of a history as a list: from a list of UCI strings or one string of them separated by spaces
     (a hand-made record's "history"); ValueError for anything else, which a prompt would print as garbage."""
-    try:
-        moves = history.split() if isinstance(history, str) else list(history)
-    except TypeError:
-        moves = None
-    if moves is None or not all(isinstance(m, str) for m in moves):
+    moves = history.split() if isinstance(history, str) else list(history) if isinstance(history, (list, tuple)) else None
+    if moves is None or not all(isinstance(m, str) and not _BREAKS_FIELDS.search(m) for m in moves):
         raise ValueError(f"a history is a list of UCI moves or one string of them, not {history!r:.40}")
     return moves
+
+
+_BREAKS_FIELDS = re.compile(r"[\s+]")  # a move in an A: prompt sits between '+' fields, its history between spaces
 
 
 def env_prompt(fen, move, history):
@@ -199,7 +202,10 @@ def policy_sample(fen, moves, evals, best=None, history=()):
     """P: sample; moves ranked best first when best is None (Stockfish annotations). Evals must be finite:
     JSON readers accept NaN and Infinity, which would score every completion silently wrong."""
     best = best or moves[0]
-    evals = [float(e) for e in evals]
+    try:
+        evals = [float(e) for e in evals]
+    except OverflowError:  # JSON's integers have no limit
+        raise ValueError(f"evals {evals!r:.60} hold an integer too large for a number") from None
     if not all(map(math.isfinite, evals)):
         raise ValueError(f"evals {evals} are not all finite numbers")
     return Sample("P", fen, policy_prompt(fen), policy_completion(moves, evals, best),
@@ -207,8 +213,14 @@ def policy_sample(fen, moves, evals, best=None, history=()):
 
 
 def env_sample(fen, move, history):
-    """A: sample with python-chess ground truth."""
+    """A: sample with python-chess ground truth. The move may be illegal or garbled (the arbiter must say so),
+    but not break the prompt's fields; the history holds the last 1 to MAX_HISTORY half-moves."""
+    if not isinstance(move, str) or _BREAKS_FIELDS.search(move):
+        raise ValueError(f"an A: move is one word (or none) without '+' or spaces (the prompt's separators), not {move!r:.40}")
     history = _history(history)
+    if len(history) > MAX_HISTORY:
+        raise ValueError(f"an A: history holds the last 1 to {MAX_HISTORY} half-moves, the move included; this one "
+                         f"has {len(history)}: keep its last {MAX_HISTORY}")
     label = env_label(fen, move)
     next_fen, reward, terminated, truncated = label
     return Sample("A", fen, env_prompt(fen, move, history), env_text(label), history=history, move=move,
@@ -228,6 +240,8 @@ def checked_board(fen):
     if not isinstance(fen, str):
         raise ValueError(f"the FEN is {type(fen).__name__} {fen!r:.40}, not a string")
     fields = fen.split()
+    if " ".join(fields) != fen:  # a prompt prints the FEN as it is
+        raise ValueError(f"bad FEN {fen[:90]!r}: its 6 fields are separated by single spaces, with none around them")
     if len(fields) != 6:
         raise ValueError(f"bad FEN {fen[:90]!r}: it needs its 6 fields (board, side, castling, en passant, halfmove "
                          f"and fullmove counters)")

@@ -76,7 +76,9 @@ def load_mates(path=MATE_PATH, n=None):
             if not isinstance(r, dict) or not ("fen" in r or "meta" in r):
                 raise ValueError("the line holds no position")
             if "fen" in r:
-                checked_board(r["fen"])
+                board = checked_board(r["fen"])
+                if "mates" in r and not is_mate_list(board, r["mates"]):
+                    raise ValueError(f"'mates' {r['mates']!r:.60} is not a list of the position's mating moves (UCI)")
                 records.append(r)
         except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, an impossible position
             raise ValueError(f"{path}:{i}: {e}; {fix}") from None
@@ -86,6 +88,22 @@ def load_mates(path=MATE_PATH, n=None):
     if lacking:  # another .jsonl of positions, such as the eval set
         raise ValueError(f"{path} is not a mate-in-one file: position {lacking} has no 'mates' list; {fix}")
     return records[:n]
+
+
+def is_mate_list(board, mates):
+    """Whether mates is a non-empty list of moves legal on board that each give mate."""
+    def mates_here(uci):
+        try:
+            move = chess.Move.from_uci(uci)
+        except (TypeError, ValueError, AttributeError):
+            return False
+        if move not in board.legal_moves:
+            return False
+        board.push(move)
+        mate = board.is_checkmate()
+        board.pop()
+        return mate
+    return isinstance(mates, list) and bool(mates) and all(isinstance(m, str) and mates_here(m) for m in mates)
 
 
 def mate_values(records, completions):

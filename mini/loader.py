@@ -192,6 +192,9 @@ def load_model(name_or_path, device="cpu"):
         if w.shape != own[key].shape:
             raise LoadError(f"{path}: weight {key} has shape {tuple(w.shape)} but config.json implies "
                             f"{tuple(own[key].shape)}; config.json and the weights do not match")
+        if w.is_floating_point() and not torch.isfinite(w).all():  # a diverged run's: every answer would be garbage
+            raise LoadError(f"{path}: weight {key} holds NaN or infinite values (a run that diverged); take an "
+                            "earlier snapshot or checkpoint")
         own[key].copy_(w.float())
         loaded.add(key)
     missing = set(own) - loaded - {"lm_head.weight"}

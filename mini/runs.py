@@ -177,7 +177,7 @@ def saved_step(path):
 def read_rows(path):
     """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
     a ValueError naming it (file:line)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM an editor put first
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     rows = []
     for i, line in lines:
@@ -292,13 +292,15 @@ class RunDir:
         """Whether an earlier run left anything here (logs, checkpoints, a snapshot)."""
         return any(f != "run.lock" for _, _, files in os.walk(self.path) for f in files)
 
-    def claim(self, resume, overwrite=False):
+    def claim(self, resume, overwrite=False, resumable=True):
         """Make the directory this process's: refuse one that holds a run unless resuming (or move it aside
-        with overwrite), take the lock, remove the .tmp leftovers of a killed write."""
+        with overwrite), take the lock, remove the .tmp leftovers of a killed write. resumable: whether the
+        script can continue a run (train.py's --auto_resume; sft.py cannot)."""
         if self.holds_run() and not resume:
             if not overwrite:
-                raise RunError(f"{self.path} already holds a run; continue it with --auto_resume, or start afresh "
-                               f"with --overwrite (the old run is moved aside, not deleted), or pick another --run_name")
+                raise RunError(f"{self.path} already holds a run; " + ("continue it with --auto_resume, or " if resumable
+                               else "") + "start afresh with --overwrite (the old run is moved aside, not deleted), "
+                               "or pick another --run_name")
             aside = aside_name(self.path, time.strftime("%Y%m%d-%H%M%S"))
             with self.directory_locked():  # no other process takes the run between the check and the move
                 self.take_lock_unserialised()  # not while another process trains there
@@ -396,12 +398,15 @@ class RunDir:
         except (OSError, ValueError):
             return None, None
 
-    def release(self, failed=False):
+    def release(self, failed=False, trained=True):
         """Drop the lock if this process holds it (another rank's or run's lock stays); after a failed start,
-        remove the directory if this start made it and left nothing."""
+        remove the directory if this start made it and left nothing, or nothing trained (a run that failed in
+        its first step, a prompt too long for the model say, would block its --run_name with a copy of its
+        start model)."""
         if self.lock_owner() == (os.getpid(), socket.gethostname()):
             os.remove(self.lock)
-        if failed and self.created and os.path.isdir(self.path) and not any(files for _, _, files in os.walk(self.path)):
+        if failed and self.created and os.path.isdir(self.path) and (
+                not trained or not any(files for _, _, files in os.walk(self.path))):
             shutil.rmtree(self.path)
 
     def saved_config(self):
@@ -630,6 +635,9 @@ class Resumable:
             return
         resume_config(cfg, FIELDS, state["config"], f"{path} was written by a run with other settings")
         self.load_state(state)
+        if self.step > cfg.steps:  # else config.json would say --steps, final/ hold a later step
+            raise StopRun(f"error: {path} is at step {self.step}, past --steps {cfg.steps}; give --steps above "
+                          f"{self.step} to train on (a finished run's model is in its final/)")
         self.on_main(lambda: self.run_dir.cut_back(self.step))
         self.log(f"Resumed from {path} at step {self.step}")
 

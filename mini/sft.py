@@ -30,6 +30,7 @@ continue from it with --model_path logs/<run_name>/final, the optimizer and the 
 """
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -184,7 +185,7 @@ def main(argv=None):
     cfg = parse_args(argv, "sft", "Supervised warm start: teach a GPT-2 the RookWorld formats (see mini/sft.py).")
     run = RunDir(cfg.log_dir, cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S"))
     try:
-        run.claim(resume=False, overwrite=cfg.overwrite)
+        run.claim(resume=False, overwrite=cfg.overwrite, resumable=False)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -194,6 +195,11 @@ def main(argv=None):
         run.release(failed=True)
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the loop handles its own; this one came while loading, or during the final save
+        run.release(failed=True)
+        print("\nquit at once; " + (f"{run.file('final')} holds the last snapshot" if os.path.isdir(run.file("final"))
+                                     else "nothing of the run was saved"), file=sys.stderr)
+        return 130
     finally:
         run.release()
 
@@ -249,24 +255,29 @@ def train_sft(cfg, run):
                 if limit_s > 0 and elapsed > limit_s:
                     log(f"time limit of {cfg.time_limit_min} min reached at step {step}")
                     break
-                if 0 < 60 * cfg.snapshot_every_min <= elapsed - snapshot_at and step > snapshot_step:
-                    log(f"snapshot of step {step} in {run.save_final(model, tok)}")
-                    snapshot_step, snapshot_at = step, elapsed
                 lr = cfg.lr * lr_factor(schedule_step(step, elapsed, limit_s, cfg), cfg)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 x, mask, y, loss_mask = (t.to(device, non_blocking=True) for t in next(loader))
                 with autocast(device, cfg):
                     loss = sft_loss(model, x, mask, y, loss_mask)
+                loss_value = loss.item()  # the step's one host sync; before the update, so NaN never reaches a save
+                if not math.isfinite(loss_value):
+                    log(f"loss {loss_value} at step {step + 1}: the run diverged (lower --lr, or raise --warmup_steps); "
+                        "nothing saved after it" + kept(snapshot_step))
+                    return 1
+                if 0 < 60 * cfg.snapshot_every_min <= elapsed - snapshot_at and step > snapshot_step:
+                    log(f"snapshot of step {step} in {run.save_final(model, tok)}")  # the weights of a finite loss
+                    snapshot_step, snapshot_at = step, elapsed
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 optimizer.step()
                 step += 1
-                loss_sum, tokens = loss_sum + loss.item(), tokens + int(mask.sum())
+                loss_sum, tokens = loss_sum + loss_value, tokens + int(mask.sum())
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                bar.set_postfix(loss=f"{loss_value:.3f}")
                 if step % LOG_EVERY == 0 or step == cfg.steps:
                     now, mean_loss = time.time(), loss_sum / ((step - 1) % LOG_EVERY + 1)
                     log(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | "
@@ -284,6 +295,10 @@ def train_sft(cfg, run):
             reporter.close()
             batches.data.source.close()
             del loader  # stops the worker processes
+    if not all(torch.isfinite(w).all() for w in model.parameters()):  # the last update's, which no loss has seen
+        log(f"the weights after step {step} are not finite: the run diverged (lower --lr); nothing saved after it"
+            + kept(snapshot_step))
+        return 1
     if stop.name:
         log(f"{stop.name}: saving the snapshot at step {step}...")
     passes = passes_over_positions(batches.data.source, step * cfg.batch_size, cfg.mix_env_ratio)

@@ -68,6 +68,26 @@ def test_cli_prints_trend_and_evals(tmp_path, capsys):
     assert "10 steps, 1.0 min" in out and "1-5" in out and "6-10" in out and "held-out evaluation" in out
 
 
+def test_hand_edited_values_and_a_bom_are_read_as_no_value(tmp_path, capsys):
+    """A string or a null where a number was (a hand-edited file) is shown as '-' and left out of sums and
+    warnings; a BOM an editor wrote first is no damage."""
+    rows = [{"step": i, "reward_mean": 0.1 * i, "time_step": 6.0} for i in range(1, 11)]
+    rows[1].update(time_step="x", eval_reward="x")
+    rows[4].update(eval_reward=None, eval_reward_P=0.2)
+    rows[-1].update(eval_reward=0.5)
+    run = write_run(tmp_path, rows)
+    path = os.path.join(run, "metrics.jsonl")
+    with open(path, "rb") as f:
+        text = f.read()
+    with open(path, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + text)
+    am.main([run, "--windows", "2"])
+    out = capsys.readouterr().out
+    assert "10 steps, 0.9 min" in out and "warning: held-out reward fell" not in out
+    evals = out.split("held-out evaluation")[1].splitlines()
+    assert evals[2].split() == ["2", "-", "-"] and evals[3].split() == ["5", "-", "0.200"]
+
+
 def test_cli_explains_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit, match="does not exist"):
         am.main([str(tmp_path / "nope")])

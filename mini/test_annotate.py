@@ -148,6 +148,18 @@ def test_build_command_refuses_counts_that_write_wrong_files(tmp_path, capsys):
         assert stop.value.code == 2 and capsys.readouterr().err.strip().endswith(what)
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--pool_path", "{d}/same.jsonl", "--eval_path", "{d}/./same.jsonl"], "the pool would be written over the held-out set"),
+    (["--games", "2", "--eval_games", "1", "--pool_path", "{d}/same.jsonl", "--eval_path", "{d}/same.jsonl"],
+     "the pool would be written over the held-out set"),
+    (["--pool_path", "{d}/pool.jsonl", "--eval_path", "{d}/eval.jsonl", "--cache", "{d}/eval.jsonl"], "an output of this run")])
+def test_outputs_that_are_one_file_are_refused_before_any_work(flags, says, tmp_path, capsys):
+    """One file for the pool and the held-out set kept the pool alone, and said it wrote both."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--pool", "2", "--eval", "2", "--stockfish_path", "/nonexistent"] + [f.format(d=tmp_path) for f in flags])
+    assert stop.value.code == 2 and says in capsys.readouterr().err and not os.listdir(tmp_path)
+
+
 @needs_stockfish
 def test_engine_crash_is_restarted():
     with Annotator(depth=DEPTH, workers=1, cache_path="") as ann:

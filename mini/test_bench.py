@@ -132,6 +132,10 @@ def test_data_mode_times_sfts_batches(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["scoring", "--data_file", POOL_PATH])
     assert "--data_file feeds the data mode only" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SystemExit) as stop:  # a data file it cannot use: its loader's sentence, no traceback
+        bench.main(["data", "--prompts", "4", "--steps", "1", "--data_file", str(tmp_path / "empty.jsonl")])
+    assert str(stop.value).startswith("bench.py: ") and "empty.jsonl" in str(stop.value)
 
 
 def test_update_flops_and_decode_bytes_by_hand():

@@ -323,6 +323,18 @@ def test_load_mates_refuses_a_file_without_mates(tmp_path):
     assert len(load_mates()) == sum('"fen"' in line for line in open(MATE_PATH)) == 1000  # n=None: every position
 
 
+@pytest.mark.parametrize("mates", [None, [], ["a1a1"], ["h5f8"], "h5f7", ["h5f7", "zz"]])
+def test_load_mates_refuses_a_position_whose_mates_do_not_mate(tmp_path, mates):
+    """null crashed the scoring (a TypeError); a list holding an impossible or a non-mating move scored answers
+    against it. The scholar's mate position: Qh5xf7 mates."""
+    fen = "r1bqkb1r/pppp1ppp/2n2n2/4p2Q/2B1P3/8/PPPP1PPP/RNB1K1NR w KQkq - 4 4"
+    path = tmp_path / "mates.jsonl"
+    path.write_text(json.dumps({"fen": fen, "mates": ["h5f7"]}) + "\n" + json.dumps({"fen": fen, "mates": mates}) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: 'mates' {mates!r:.60} is not a list of the position's "
+                                                   "mating moves (UCI); regenerate it")):
+        load_mates(str(path))
+
+
 def test_compare_counts_a_way_of_ending_one_report_lacks_as_none(tmp_path):
     """A report holds chess_selfplay_end_<kind> only for the ways its games ended: an end that went from a share to
     none (illegal answers 0.25 -> 0) is a row, 0.25 -> 0, not a row left out for want of a key."""

@@ -59,6 +59,8 @@ BAD = [
     (["--recovery_mode"], "--recovery_mode needs --run_name"),
     (["--recovery_mode", "--resume_from_checkpoint", "x.pt", "--run_name", "r"],
      "--recovery_mode and --resume_from_checkpoint say different things"),
+    (["--run_name", " "], "--run_name ' ' must be a name one can type: printable, not blank"),
+    (["--run_name", "a\nb"], "--run_name 'a\\nb' must be a name one can type"),
     (["--run_name", ".."], "must be a plain name"),
     (["--run_name", "."], "must be a plain name"),
     (["--run_name", "x" * 256], "is 256 bytes long, more than the 255"),

@@ -185,13 +185,23 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
     ({"fen": START, "move": 5, "history": []}, 'an A: record needs "move" as a UCI string'),
     ({"fen": START, "moves": ["e2e4", "e2e4"], "evals": [0.3, 0.2]}, "moves ['e2e4', 'e2e4'] list a move twice"),
     ({"fen": START, "moves": ["e2e4"], "evals": [True]}, "evals [True] hold true or false, not numbers"),
+    ({"fen": START, "moves": ["e2e4"], "evals": [10 ** 400]}, "hold an integer too large for a number"),
+    ({"fen": START + "\n", "moves": ["e2e4"], "evals": [0.3]}, "its 6 fields are separated by single spaces"),
+    ({"fen": START.replace(" ", "  ", 1), "move": "e2e4", "history": ["e2e4"]}, "separated by single spaces"),
+    ({"fen": START, "move": "e2e4+", "history": ["e2e4+"]}, "an A: move is one word (or none) without '+' or spaces"),
+    ({"fen": START, "move": "e2 e4", "history": ["e2e4"]}, "an A: move is one word (or none) without '+'"),
+    ({"fen": START, "move": "e2e4", "history": {"e2e4": 1}}, "a history is a list of UCI moves or one string"),
+    ({"fen": START, "move": "e2e4", "history": ["d2d4"]}, "an A: record's history ends with its move 'e2e4'"),
+    ({"fen": START, "move": "e2e4", "history": ["g1f3", "g8f6"] * 5 + ["e2e4"]},
+     "an A: history holds the last 1 to 10 half-moves, the move included; this one has 11: keep its last 10"),
 ])
 def test_records_a_prompt_would_print_wrong_say_so(tmp_path, record, message):
-    """A history is printed into A: prompts, an eval of true would be 1.0, a repeated move a second label: each
-    refused with its line."""
+    """A history is printed into A: prompts, an eval of true would be 1.0, a repeated move a second label, a
+    FEN's stray whitespace or a move's '+' would break the prompt's fields, a long history would make a prompt
+    the model cannot hold (a run stopped mid-way): each refused with its line."""
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(record) + "\n")
-    with pytest.raises(ValueError, match=re.escape(f"{path}:1: {message}")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: ") + "(bad FEN .*|evals .*)?" + re.escape(message)):
         load_jsonl(str(path), skip_bad_lines=False)
 
 

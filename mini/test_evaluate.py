@@ -13,7 +13,8 @@ import chess
 import pytest
 import torch
 
-from mini.config import EVAL_PATH, REAL_EVAL_PATH
+from mini.chess_eval import main as chess_main
+from mini.config import EVAL_PATH, MATE_PATH, REAL_EVAL_PATH
 import mini.evaluate as ev
 from mini.formats import env_sample, legal_ucis, parse_line, policy_sample, repad
 from mini.loader import save_model
@@ -298,6 +299,22 @@ def test_an_n_beyond_the_set_says_what_is_evaluated(snapshot, tmp_path, capsys):
     ev.main(["--model_path", snapshot, "--data", str(data), "--n", "1", "--max_new_tokens", "2",
              "--out", str(tmp_path / "r.json")])
     assert "is more than" not in capsys.readouterr().err
+
+
+def test_a_report_over_an_input_is_refused_before_the_evaluation(snapshot, tmp_path, capsys):
+    """--out naming the data file, or a file of the snapshot (its config.json: the model would no longer load),
+    or chess_eval.py's mate file: refused, the input left whole."""
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(P_LINES) + "\n")
+    config = os.path.join(snapshot, "config.json")
+    kept = {path: open(path).read() for path in (str(data), config, MATE_PATH)}
+    for main, flags in [(ev.main, ["--data", str(data), "--out", str(tmp_path / "." / "lines.txt")]),
+                        (ev.main, ["--data", str(data), "--out", config]),
+                        (chess_main, ["--n_mates", "1", "--out", MATE_PATH])]:
+        with pytest.raises(SystemExit) as stop:
+            main(["--model_path", snapshot, *flags])
+        assert stop.value.code == 2 and "over an input of this evaluation" in capsys.readouterr().err
+    assert all(open(path).read() == text for path, text in kept.items())
 
 
 def test_cli_text_file(snapshot, tmp_path, capsys):

@@ -18,7 +18,7 @@ import torch
 
 import mini.train as train
 from mini.config import FIELDS, POOL_PATH, Config
-from mini.flags import parse_args
+from mini.flags import parse_args, problems
 from mini.dataset import PoolSource, StreamSource, make_source
 from mini.formats import policy_prompt
 from mini.loader import save_model
@@ -537,3 +537,12 @@ def test_every_flag_has_a_test():
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_overwrite_refuses_to_move_aside_the_model_it_would_load(tmp_path):
+    """--model_path logs/t1/final --run_name t1 --overwrite moved the run, model included, then could not load it."""
+    (tmp_path / "t1" / "final").mkdir(parents=True)
+    flags = {"overwrite": True, "log_dir": str(tmp_path), "run_name": "t1", "model_path": str(tmp_path / "t1" / "final")}
+    assert problems(flags) == [f"--overwrite would move the run {tmp_path / 't1'} aside, and with it --model_path "
+                               f"{tmp_path / 't1' / 'final'}: copy the model out first, or pick another --run_name"]
+    assert problems({**flags, "run_name": "t"}) == problems({**flags, "overwrite": False}) == []

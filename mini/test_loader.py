@@ -196,6 +196,17 @@ def test_a_save_onto_a_file_is_refused(snapshot, tmp_path):
     assert (tmp_path / "final").read_text() == "notes"
 
 
+def test_a_snapshot_with_non_finite_weights_is_a_load_error(snapshot, tmp_path):
+    """A diverged run's weights would answer garbage with a normal-looking report: refused, naming the weight."""
+    model, _ = snapshot
+    bad = GPT(model.config)
+    with torch.no_grad():
+        bad.transformer.h[1].mlp.c_fc.bias[3] = float("inf")
+    path = save_model(bad, Tokenizer.gpt2(), str(tmp_path / "diverged"))
+    with pytest.raises(LoadError, match=r"weight transformer\.h\.1\.mlp\.c_fc\.bias holds NaN or infinite values"):
+        load_model(path)
+
+
 def copy_snapshot(path, to, state):
     """config.json and the tokenizer files of path (no checksums: a hand-edited snapshot) with these weights."""
     for f in ("config.json", "vocab.json", "merges.txt"):

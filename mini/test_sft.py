@@ -227,12 +227,23 @@ def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
     assert sft.main(argv) == 0
     log = (tmp_path / "t" / "sft.log").read_text()
     assert sft.main(argv) == 1
-    assert "already holds a run" in capsys.readouterr().err and (tmp_path / "t" / "sft.log").read_text() == log
+    assert capsys.readouterr().err.strip().endswith("already holds a run; start afresh with --overwrite (the old run is "
+                                                    "moved aside, not deleted), or pick another --run_name")  # no resume
+    assert (tmp_path / "t" / "sft.log").read_text() == log
     assert sft.main(argv + ["--overwrite"]) == 0
     assert [open(p).read() for p in glob.glob(str(tmp_path / "t.old-*" / "sft.log"))] == [log]
     with pytest.raises(SystemExit) as stop:  # a missing snapshot is found before anything starts
         sft.main(argv[:-4] + ["--run_name", "u", "--model_path", str(tmp_path / "none")])
     assert stop.value.code == 2 and not (tmp_path / "u").exists()  # a failed start leaves nothing behind
+
+
+def test_ctrl_c_while_loading_is_one_sentence_and_leaves_no_run(tmp_path, capsys, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sft, "SFTBatches", interrupted)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "q"]) == 130
+    assert capsys.readouterr().err.strip() == "quit at once; nothing of the run was saved"
+    assert not (tmp_path / "q").exists()
 
 
 def test_sft_data_never_holds_an_eval_position(tmp_path):
@@ -430,6 +441,32 @@ def test_snapshots_on_the_way_outlive_a_crash(tmp_path, monkeypatch):
     log = (tmp_path / "n" / "sft.log").read_text()
     assert "snapshot of step" not in log and log.rstrip().endswith("stopped by RuntimeError at step 9")
     assert not (tmp_path / "n" / "final").exists()
+
+
+def test_a_diverged_run_saves_nothing_after_it(tmp_path, monkeypatch):
+    """A NaN loss (step 7 here) stops the run before its update, final/ keeping the last snapshot of a finite loss
+    (step 5); weights that the last update made NaN, which no loss has seen, are not saved either."""
+    LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    loss, calls = sft.sft_loss, []
+
+    def nan_at_the_seventh_step(model, *batch):
+        calls.append(1)
+        out = loss(model, *batch)
+        if len(calls) == 7:
+            return out * float("nan")
+        if len(calls) == 23:  # the last step of the second run: a NaN gradient, so its update poisons the weights
+            model.transformer.ln_f.weight.register_hook(lambda grad: grad * float("nan"))
+        return out
+    monkeypatch.setattr(sft, "sft_loss", nan_at_the_seventh_step)
+    argv = TINY + ["--log_dir", str(tmp_path), "--steps", "16", "--snapshot_every_min", "0.05"]
+    assert sft.main(argv + ["--run_name", "nan"]) == 1
+    log = (tmp_path / "nan" / "sft.log").read_text()
+    assert log.rstrip().endswith("loss nan at step 7: the run diverged (lower --lr, or raise --warmup_steps); "
+                                 "nothing saved after it; final/ holds the snapshot of step 5")
+    assert torch.isfinite(load_model(str(tmp_path / "nan" / "final"))[0].transformer.ln_f.weight).all()
+    assert sft.main(argv[:-4] + ["--steps", "16", "--run_name", "poisoned"]) == 1  # calls 8 to 23: 16 steps
+    assert "the weights after step 16 are not finite" in (tmp_path / "poisoned" / "sft.log").read_text()
+    assert not (tmp_path / "poisoned" / "final").exists()
 
 
 def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):

@@ -160,6 +160,24 @@ def args(tiny, log_dir, run, steps, *extra):
             "--save_every", "2", "--entropy_coef", "0.05", "--lr", "1e-3", "--warmup_steps", "2", *extra]
 
 
+def test_a_run_that_fails_in_its_first_step_leaves_no_run_behind(tiny, tmp_path, capsys):
+    """--max_new_tokens too long for the model's 256 positions fails in the first rollout; its directory (a config
+    and a copy of the start model) would make the corrected command 'already hold a run'."""
+    assert train.main(args(tiny, tmp_path, "r", 2, "--max_new_tokens", "250")) == 1
+    assert "a prompt plus max_new_tokens needs" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert train.main(args(tiny, tmp_path, "r", 1)) == 0
+
+
+def test_auto_resume_with_fewer_steps_than_done_is_refused(tiny, tmp_path, capsys):
+    """A run at step 3 continued with --steps 2 said Done, its config.json at 2 steps, final/ at step 3."""
+    assert train.main(args(tiny, tmp_path, "r", 3)) == 0
+    config = (tmp_path / "r" / "config.json").read_text()
+    assert train.main(args(tiny, tmp_path, "r", 2, "--auto_resume")) == 1
+    assert capsys.readouterr().err.strip().endswith("step_000003.pt is at step 3, past --steps 2; give --steps above 3 "
+                                                    "to train on (a finished run's model is in its final/)")
+    assert (tmp_path / "r" / "config.json").read_text() == config
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]

@@ -429,8 +429,8 @@ class Trainer(Resumable):
             for part in (self.scorer, self.reporter, self.source, self.sft_source, self.selfplay):
                 if part is not None:
                     part.close()
-            if self.main:
-                self.run_dir.release(failed=not finished)  # a refused resume leaves no empty run directory behind
+            if self.main:  # a refused resume leaves no empty run directory behind, a fresh run failed at once none
+                self.run_dir.release(failed=not finished, trained=self.step > 0)
             # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
             # group, rather than whenever the garbage collector reaches this trainer
             self.ddp = None
