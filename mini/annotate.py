@@ -68,8 +68,8 @@ def play_games(tag, n, stockfish_path, workers, cache_dir=""):
     search is bounded by the engine deadline of play_game's largest one (1000 nodes, MultiPV 5)."""
     path, deadline = find_stockfish(stockfish_path), engine_deadline(chess.engine.Limit(nodes=1000), multipv=5)
     saved = os.path.join(cache_dir, f"games-{tag}-{n}.jsonl") if cache_dir else ""
-    for r in read_jsonl(saved):
-        if r.get("engine") == ENGINE_NAMES[path] and len(r["games"]) == n:
+    for r in read_jsonl(saved, keys=("games",)):
+        if r.get("engine") == ENGINE_NAMES[path] and isinstance(r["games"], list) and len(r["games"]) == n:
             return [tuple(g) for g in r["games"]]
 
     def one(i):

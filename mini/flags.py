@@ -185,19 +185,27 @@ def unwritable_outputs(values, names=OUTPUT_FLAGS):
         if os.path.isdir(path) or path.endswith(os.sep):  # a folder, or one to be made
             out.append(f"--{name} {path} is a folder; name a file, such as {os.path.join(path, 'report.json')}")
             continue
-        folder = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(folder):  # the nearest folder that exists: the rest is made on writing
-            folder = os.path.dirname(folder)
+        folder = nearest_folder(path)
         if not os.path.isdir(folder):
             out.append(f"--{name} {path}: {folder} is a file, not a folder; pick another path")
         elif not os.access(folder, os.W_OK | os.X_OK):
             out.append(f"--{name} {path}: {folder} cannot be written to; pick a folder you can write to")
-    for name in CACHE_FLAGS:  # written when used, so only a folder is refused here
+    for name in CACHE_FLAGS:  # written when used, so only a folder, or a file above it, is refused here
         path = values.get(name)
         if path and os.path.isdir(path):
             out.append(f"--{name} {path} is a folder; name a file, such as "
                        f"{os.path.join(path, 'stockfish.jsonl')}, or '' for no cache")
+        elif path and not os.path.isdir(nearest_folder(path)):
+            out.append(f"--{name} {path}: {nearest_folder(path)} is a file, not a folder; pick another path")
     return out
+
+
+def nearest_folder(path):
+    """The nearest ancestor of path that exists (the rest is made on writing): a file if path cannot be made."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

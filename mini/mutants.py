@@ -1863,6 +1863,15 @@ MUTANTS = [
     Mutant("mates_unchecked", "a mate file's 'mates' of null crashes the scoring; of moves that do not mate, scores against them",
            "games.py", '                if "mates" in r and not is_mate_list(board, r["mates"]):', "                if False:",
            ("mini/test_chess_eval.py::test_load_mates_refuses_a_position_whose_mates_do_not_mate",)),
+    Mutant("cache_lines_unchecked", "a damaged Stockfish cache (a list, a record without its keys) stops the run with a traceback",
+           "stockfish.py", "            if isinstance(r, dict) and all(k in r for k in keys):\n", "            if True:\n",
+           ("mini/test_annotate.py::test_a_damaged_cache_is_read_past_not_a_traceback",)),
+    Mutant("cache_under_a_file", "--cache under a file's path: a traceback when the first analysis is written",
+           "flags.py", "        elif path and not os.path.isdir(nearest_folder(path)):", "        elif False:",
+           ("mini/test_config.py::test_an_output_path_that_cannot_be_written_stops_before_the_work",)),
+    Mutant("bench_data_traceback", "bench.py data on an empty or malformed file: a traceback",
+           "bench.py", "    except (OSError, ValueError) as e:  # a missing, empty", "    except KeyError as e:  # a missing, empty",
+           ("mini/test_bench.py::test_data_mode_times_sfts_batches",)),
 ]
 
 

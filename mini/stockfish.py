@@ -106,16 +106,19 @@ def cp_loss(best_cp, move_cp, cap=CP_CAP):
     return min(cap, max(0, best_cp - move_cp))
 
 
-def read_jsonl(path):
-    """The records of a JSONL cache; a line cut short by an interrupted run is skipped."""
+def read_jsonl(path, keys=()):
+    """The records (dicts holding `keys`) of a JSONL cache; any other line is skipped, to be computed again: one
+    cut short by an interrupted run, or damaged bytes."""
     if not path or not os.path.exists(path):
         return
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+                r = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 continue
+            if isinstance(r, dict) and all(k in r for k in keys):
+                yield r
 
 
 def append_jsonl(path, records):
@@ -170,7 +173,7 @@ class Annotator:
         self.idle = queue.Queue()  # engines not in use; None = not started yet
         for _ in range(self.workers):
             self.idle.put(None)
-        for r in read_jsonl(cache_path):
+        for r in read_jsonl(cache_path, keys=("fen", "moves", "evals")):
             if r.get("limit") == self.tag and r.get("multipv") == multipv and r.get("engine") == self.engine:
                 self.cache[r["fen"]] = (r["moves"], r["evals"])
         self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0

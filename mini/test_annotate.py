@@ -77,6 +77,13 @@ def test_jsonl_cache_ends_a_cut_off_line(tmp_path):
     assert list(read_jsonl(path)) == [{"a": 1}, {"a": 2}, {"a": 4}] and list(read_jsonl(str(tmp_path / "none"))) == []
 
 
+def test_a_damaged_cache_is_read_past_not_a_traceback(tmp_path):
+    """Bytes that are no UTF-8, a JSON list, a record without the keys its reader needs: skipped (recomputed)."""
+    path = tmp_path / "cache.jsonl"
+    path.write_bytes(b'{"a": 1}\n\xff\xfe{"a": 2}\n[1]\n{"b": 3}\n' + b"[" * 100000 + b"\n")
+    assert list(read_jsonl(str(path))) == [{"a": 1}, {"b": 3}] and list(read_jsonl(str(path), keys=("a",))) == [{"a": 1}]
+
+
 def test_cp_loss_clipped():
     assert (cp_loss(30, 10), cp_loss(10, 30), cp_loss(99990, -50), cp_loss(5, -99990, cap=500)) == (20, 0, 1000, 500)
 

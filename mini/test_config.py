@@ -135,6 +135,7 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
              (evaluate.main, "--engine_cache", str(tmp_path), "is a folder; name a file"),  # appended to as it goes
              (train.main, "--engine_cache", str(tmp_path), "is a folder; name a file"),
              (annotate.main, "--cache", str(tmp_path), "is a folder; name a file"),
+             (annotate.main, "--cache", str(tmp_path / "a_file" / "c.jsonl"), "is a file, not a folder"),
              (chess_eval.main, "--mates_path", str(tmp_path), "is a folder; name a file")]  # with --build_mates
     for fn, flag, path, says in cases:
         if flag == "--mates_path":  # what --build_mates writes
