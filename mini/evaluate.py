@@ -395,6 +395,11 @@ def main(argv=None):
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")
     out = report_path(p, args.out, args.model_path, "eval.json", inputs=[args.data])
+    if args.engine_quality and args.stockfish_path:  # a binary named and wrong: said now, not skipped at the end
+        try:
+            find_stockfish(args.stockfish_path)
+        except FileNotFoundError as e:
+            p.error(str(e))
     device = resolve_device(args.device)
     try:  # a bad path, file or length ends with its one-sentence message
         samples = load_eval_set(args.data, args.n, args.pad)

@@ -130,6 +130,9 @@ def load_checkpoint(path):
     weights_only: a checkpoint from elsewhere cannot run code."""
     if os.path.isfile(path):
         check_checksum(path)
+    elif os.path.isdir(path):
+        raise ValueError(f"{path} is a folder; give a checkpoint file, such as <log_dir>/<run_name>/checkpoints/"
+                         "step_000100.pt (or continue a run with --auto_resume)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

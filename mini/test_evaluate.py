@@ -303,17 +303,20 @@ def test_an_n_beyond_the_set_says_what_is_evaluated(snapshot, tmp_path, capsys):
 
 def test_a_report_over_an_input_is_refused_before_the_evaluation(snapshot, tmp_path, capsys):
     """--out naming the data file, or a file of the snapshot (its config.json: the model would no longer load),
-    or chess_eval.py's mate file: refused, the input left whole."""
+    or chess_eval.py's mate file: refused, the input left whole; so is a --stockfish_path that is no Stockfish
+    (the move quality was skipped after the evaluation)."""
     data = tmp_path / "lines.txt"
     data.write_text("\n".join(P_LINES) + "\n")
     config = os.path.join(snapshot, "config.json")
     kept = {path: open(path).read() for path in (str(data), config, MATE_PATH)}
     for main, flags in [(ev.main, ["--data", str(data), "--out", str(tmp_path / "." / "lines.txt")]),
                         (ev.main, ["--data", str(data), "--out", config]),
-                        (chess_main, ["--n_mates", "1", "--out", MATE_PATH])]:
+                        (chess_main, ["--n_mates", "1", "--out", MATE_PATH]),
+                        (ev.main, ["--engine_quality", "--stockfish_path", str(tmp_path / "none")])]:
         with pytest.raises(SystemExit) as stop:
             main(["--model_path", snapshot, *flags])
-        assert stop.value.code == 2 and "over an input of this evaluation" in capsys.readouterr().err
+        assert stop.value.code == 2 and ("over an input of this evaluation" in (err := capsys.readouterr().err)
+                                         or f"Stockfish not found (no executable at {tmp_path / 'none'})" in err)
     assert all(open(path).read() == text for path, text in kept.items())
 
 

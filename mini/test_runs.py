@@ -147,7 +147,8 @@ def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_s
     assert not (tmp_path / "c").exists()  # a refused start leaves no directory
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(step2.read_bytes()[:1000])
-    for path, why in [(tmp_path / "nope.pt", "does not exist"), (damaged, "cannot be read (")]:
+    for path, why in [(tmp_path / "nope.pt", "does not exist"), (damaged, "cannot be read ("),
+                      (step2.parent, "is a folder; give a checkpoint file")]:
         fails_with(capsys, ["--log_dir", str(tmp_path), "--run_name", "c", "--resume_from_checkpoint", str(path)],
                    f"error: --resume_from_checkpoint: {path} {why}")
     assert train.main(["--log_dir", str(tmp_path), "--run_name", "c", "--resume_from_checkpoint", str(step2),
