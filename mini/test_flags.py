@@ -534,11 +534,6 @@ def test_every_flag_has_a_test():
     assert [node for node in set(FLAG_TESTS.values()) if not existing(node)] == []
 
 
-if __name__ == "__main__":
-    import sys
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_overwrite_refuses_to_move_aside_the_model_it_would_load(tmp_path):
     """--model_path logs/t1/final --run_name t1 --overwrite moved the run, model included, then could not load it."""
     (tmp_path / "t1" / "final").mkdir(parents=True)
@@ -546,3 +541,9 @@ def test_overwrite_refuses_to_move_aside_the_model_it_would_load(tmp_path):
     assert problems(flags) == [f"--overwrite would move the run {tmp_path / 't1'} aside, and with it --model_path "
                                f"{tmp_path / 't1' / 'final'}: copy the model out first, or pick another --run_name"]
     assert problems({**flags, "run_name": "t"}) == problems({**flags, "overwrite": False}) == []
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__, "-q"]))
+

@@ -430,7 +430,8 @@ class Trainer(Resumable):
                 if part is not None:
                     part.close()
             if self.main:  # a refused resume leaves no empty run directory behind, a fresh run failed at once none
-                self.run_dir.release(failed=not finished, trained=self.step > 0)
+                # (but a rollback's debug state, which the message points to, stays)
+                self.run_dir.release(failed=not finished, trained=self.step > 0 or self.recoveries > 0)
             # DDP's reducer holds gloo threads: free it now, before distributed.cleanup destroys the process
             # group, rather than whenever the garbage collector reaches this trainer
             self.ddp = None
