@@ -263,6 +263,10 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
     for path, r in zip((before_json, after_json), reports):
         if not isinstance(r.get("settings", {}), dict):  # older reports have none
             raise ValueError(f"{path}: its 'settings' is not an object, which no chess_eval.py report holds")
+        skill = r.get("settings", {}).get("sf_skill", 0)
+        if not number(skill):  # compared as a number below; the others only for equality
+            raise ValueError(f"{path}: its setting sf_skill is {skill!r}, not a number as chess_eval.py writes it; "
+                             "restore the report or make it again")
     values = [r["values"] for r in reports]
     settings = [r.get("settings", {}) for r in reports]
     random_games = any(s.get("sf_skill", 0) < 20 for s in settings)

@@ -1875,6 +1875,22 @@ MUTANTS = [
     Mutant("failed_run_drops_debug_state", "a fresh run stopped by NaN before its first step deletes the debug state its message names",
            "train.py", "trained=self.step > 0 or self.recoveries > 0)", "trained=self.step > 0)",
            ("mini/test_train.py::test_persistent_nan_stops_with_a_message",)),
+    Mutant("signal_stop_exits_as_error", "a run stopped by Ctrl-C or SIGTERM (saved, not finished) exits 1, as an error does",
+           "runs.py", "    return 128 + (signal.Signals[name] if name else signal.SIGTERM)", "    return 1",
+           ("mini/test_runs.py::test_a_run_stopped_by_a_signal_exits_as_the_shell_reports_that_signal",
+            "mini/test_train.py::test_a_signal_saves_a_checkpoint")),
+    Mutant("sft_signal_stop_exits_0", "sft.py stopped short by a signal exits 0: a chained script goes on from an unfinished model",
+           "sft.py", "    return signal_exit_code(stop.name) if stop.name and step < cfg.steps else 0", "    return 0",
+           ("mini/test_sft.py::test_data_workers_draw_their_own_batches_and_train",)),
+    Mutant("lost_config_json_defaults", "a run whose config.json was deleted is resumed under the default settings, not its own",
+           "runs.py", "        if saved is None:  # config.json deleted", "        if False:  # config.json deleted",
+           ("mini/test_runs.py::test_a_run_whose_config_json_is_gone_resumes_under_its_checkpoints_settings",)),
+    Mutant("compare_string_skill_traceback", "chess_eval.py --compare of a report whose sf_skill was typed as a string: a traceback",
+           "chess_eval.py", "        if not number(skill):  # compared as a number", "        if False:  # compared as a number",
+           ("mini/test_chess_eval.py::test_compare_names_a_file_that_is_not_a_report",)),
+    Mutant("oversized_model_allocates", "sft.py with an --n_embd too wide for memory allocates it (a traceback, or the OOM killer)",
+           "sft.py", "    if free is not None and need > free:", "    if False:",
+           ("mini/test_sft.py::test_a_model_too_big_to_train_is_refused_before_any_memory_is_taken",)),
 ]
 
 

@@ -51,7 +51,18 @@ class RunError(Exception):
 
 
 class StopRun(Exception):
-    """Ends the run cleanly with a message (the state is saved first)."""
+    """Ends the run cleanly with a message (the state is saved first); `exit_code` is what the script returns."""
+
+    def __init__(self, message, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def signal_exit_code(name):
+    """The exit code of a run stopped by the signal `name` (None: one another rank took) after saving: 128 + its
+    number, as a shell reports a process the signal ended (130 for SIGINT, 143 for SIGTERM). Not 0, so that a
+    script chaining runs does not go on from an unfinished one; not 1, which is an error."""
+    return 128 + (signal.Signals[name] if name else signal.SIGTERM)
 
 
 def disk_full(path, need_bytes):
@@ -210,7 +221,21 @@ def saved_settings(cfg):
         return saved, "--resume_from_checkpoint continues the run with the checkpoint's settings"
     if cfg.auto_resume or cfg.recovery_mode:
         mode = "--auto_resume" if cfg.auto_resume else "--recovery_mode"
-        return RunDir(cfg.log_dir, cfg.run_name).saved_config(), f"{mode} continues the run with its own config.json"
+        run = RunDir(cfg.log_dir, cfg.run_name)
+        saved = run.saved_config()
+        if saved is None:  # config.json deleted: the checkpoint the run continues from holds the settings too
+            missing = "continues the run with the settings of {} (its config.json is missing)"
+            if cfg.auto_resume:
+                found = run.latest_valid_checkpoint()
+                if found:
+                    return found[1]["config"], f"{mode} {missing.format(found[0])}"
+            elif os.path.exists(run.checkpoint("recovery.pt")):
+                try:
+                    return checkpoint_settings(run.checkpoint("recovery.pt")), \
+                        f"{mode} {missing.format(run.checkpoint('recovery.pt'))}"
+                except ValueError:
+                    pass  # damaged: Resumable.resume says so
+        return saved, f"{mode} continues the run with its own config.json"
     return None, None
 
 
@@ -678,4 +703,4 @@ class Resumable:
         self.save_regular()
         launch = f"torchrun --nproc_per_node {self.world}" if self.world > 1 else "python"
         raise StopRun(f"saved; resume with: {launch} mini/train.py --log_dir {self.cfg.log_dir} "
-                      f"--run_name {self.run_dir.name} --auto_resume")
+                      f"--run_name {self.run_dir.name} --auto_resume", signal_exit_code(name))

@@ -99,6 +99,18 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def free_memory_bytes(device):
+    """Bytes free on `device`: CUDA's free memory, or MemAvailable of /proc/meminfo on CPU; None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):  # not Linux
+        return None
+    return kib * 1024
+
+
 class PhaseTimer:
     """Seconds per named phase of a step, summed over its repeats (CUDA work is waited for at the end of each phase)."""
 

@@ -46,8 +46,8 @@ from mini.positions import iter_positions
 from mini.loader import LoadError, load_model
 from mini.model import GPT, GPTConfig
 from mini.report import make_reporter
-from mini.runs import RunDir, RunError, StopSignals
-from mini.runtime import autocast, lr_factor, resolve_device
+from mini.runs import RunDir, RunError, StopSignals, signal_exit_code
+from mini.runtime import autocast, free_memory_bytes, lr_factor, resolve_device
 from mini.stockfish import EngineFailure
 from mini.tokenizer import Tokenizer
 
@@ -158,6 +158,21 @@ def sft_loss(model, x, mask, y, loss_mask):
     return loss.mean() + correction.mean()
 
 
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weights, their gradients and AdamW's two moments, before any activation
+
+
+def check_fits(shape, device):
+    """A ValueError in one sentence when a model of `shape` (a GPTConfig) cannot be trained in the memory `device`
+    has free: counted on the meta device, so that nothing is allocated (an oversized --n_embd failed allocating)."""
+    with torch.device("meta"):
+        n = GPT(shape).num_params()
+    need, free = TRAIN_BYTES_PER_PARAM * n, free_memory_bytes(device)
+    if free is not None and need > free:
+        raise ValueError(f"a model of {shape.n_layer} layer{'s' * (shape.n_layer != 1)} of width {shape.n_embd} has {n / 1e6:,.0f}M parameters, which "
+                         f"take about {need / 2**30:,.2f} GiB to train and {device} has {free / 2**30:,.2f} GiB free; "
+                         "choose a smaller --n_embd or --n_layer (or --grow_layers)")
+
+
 def grow_layers(model, n_layer):
     """A copy of `model` n_layer deep that computes the same function: block i copies block i * L // n_layer of
     the L, and every copy after a block's first has its output projections (attention and MLP) zeroed, so it adds
@@ -216,10 +231,13 @@ def train_sft(cfg, run):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if cfg.model_path == "scratch":
-        model, tok = GPT(GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)).to(device), Tokenizer.gpt2()
+        shape = GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions)
+        check_fits(shape, device)
+        model, tok = GPT(shape).to(device), Tokenizer.gpt2()
     else:
         model, tok = load_model(cfg.model_path, device)
     if cfg.grow_layers and cfg.grow_layers != model.config.n_layer:
+        check_fits(dataclasses.replace(model.config, n_layer=cfg.grow_layers), device)
         model = grow_layers(model, cfg.grow_layers)
     batches = SFTBatches(cfg, tok)
     workers = cfg.data_workers
@@ -306,7 +324,7 @@ def train_sft(cfg, run):
         log(f"P: positions: {passes[0]:,} distinct, each drawn about {passes[1]:.3g} times")
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {run.save_final(model, tok)}")
     log_file.close()
-    return 0
+    return signal_exit_code(stop.name) if stop.name and step < cfg.steps else 0  # stopped short: not finished
 
 
 if __name__ == "__main__":

@@ -387,6 +387,10 @@ def test_compare_names_a_file_that_is_not_a_report(tmp_path):
         ce.main(["--compare", str(tmp_path / "nowhere.json"), chess_report])  # not "[Errno 2] ..."
     with pytest.raises(SystemExit, match="the two reports share no figure"):  # every section skipped in one
         ce.main(["--compare", chess_report, chess_report])
+    edited = tmp_path / "edited.json"  # a setting typed by hand as a string
+    edited.write_text(json.dumps({"suite": "chess", "metrics": {}, "values": {}, "items": {}, "settings": {"sf_skill": "20"}}))
+    with pytest.raises(SystemExit, match=re.escape(f"chess_eval.py: {edited}: its setting sf_skill is '20', not a number")):
+        ce.main(["--compare", chess_report, str(edited)])
 
 
 def test_a_stockfish_the_user_named_must_be_there(capsys):

@@ -173,6 +173,21 @@ def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_s
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_a_run_whose_config_json_is_gone_resumes_under_its_checkpoints_settings(tiny, tmp_path, two_steps, capsys):
+    """config.json deleted: --auto_resume and --recovery_mode take the run's settings from the checkpoint they
+    continue from (the defaults would be refused by it, or start the run anew), and write config.json again."""
+    config = two_steps / "config.json"
+    config.unlink()
+    run = ["--log_dir", str(tmp_path), "--run_name", "r"]
+    fails_with(capsys, run + ["--recovery_mode", "--lr", "0.5"], f"--recovery_mode continues the run with the settings "
+               f"of {two_steps / 'checkpoints' / 'recovery.pt'} (its config.json is missing), and these flags would "
+               "change it: --lr 0.5 (the run has 0.001)")
+    assert train.main(run + ["--auto_resume", "--steps", "3"]) == 0
+    assert re.search(r"Resumed from \S+\.pt at step 2", (two_steps / "train.log").read_text())
+    assert json.loads(config.read_text())["k_samples"] == 3
+    assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_a_resumed_run_goes_on_from_its_own_latest_step(tiny, tmp_path, two_steps):
     """A run started from another run's checkpoint goes on from its own with --auto_resume (config.json's start
     flags are not obeyed again); taken back to an earlier step, it drops the checkpoints of the later ones."""
@@ -464,6 +479,12 @@ def test_is_disk_full_by_hand():
     assert is_disk_full(RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"))
     assert is_disk_full(Exception("Error while serializing: IoError(Os { code: 28, os error 28 })"))
     assert not is_disk_full(RuntimeError("CUDA out of memory"))
+
+
+def test_a_run_stopped_by_a_signal_exits_as_the_shell_reports_that_signal():
+    # 128 + the number (Linux: SIGINT 2, SIGTERM 15); a stop another rank took counts as a SIGTERM (torchrun's)
+    assert [runs.signal_exit_code(n) for n in ("SIGINT", "SIGTERM", None)] == [130, 143, 143]
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -193,8 +193,26 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys, sp
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err  # saved, but not finished
     assert "SIGTERM: saving the snapshot" in log.read_text() and (tmp_path / "k" / "final" / "model.safetensors").exists()
+
+
+def test_a_model_too_big_to_train_is_refused_before_any_memory_is_taken(monkeypatch, tmp_path, capsys):
+    d, L, V, P = 64, 2, 50257, 256  # GPT-2's count: embeddings, 12 d^2 + 13 d a block, the last LayerNorm (tied head)
+    n = V * d + P * d + L * (12 * d * d + 13 * d) + 2 * d
+    shape, cpu = GPTConfig(L, 4, d, P), torch.device("cpu")
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n)
+    sft.check_fits(shape, cpu)  # weights, gradients and two AdamW moments in fp32: 16 bytes a parameter
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n - 1)
+    with pytest.raises(ValueError, match=rf"a model of 2 layers of width 64 has 3M parameters, which take about 0.05 GiB to "
+                                         rf"train and cpu has 0.05 GiB free; choose a smaller --n_embd or --n_layer"):
+        sft.check_fits(shape, cpu)
+    monkeypatch.undo()  # the machine's own memory: no CI machine trains 55 billion parameters
+    argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "65536", "--device", "cpu",
+            "--log_dir", str(tmp_path), "--run_name", "big", "--steps", "1"]
+    assert sft.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a model of 1 layer of width 65536 has 54,851M parameters" in err and not (tmp_path / "big").exists()
 
 
 @pytest.mark.parametrize("n_layer", [3, 8, 11])

@@ -484,7 +484,7 @@ def main(argv=None):
         return 1
     except StopRun as e:
         say(str(e))
-        return 1
+        return e.exit_code
     except KeyboardInterrupt:
         if not (cfg.run_name and os.path.exists(RunDir(cfg.log_dir, cfg.run_name).file("config.json"))):
             say("\nquit while the run was starting; nothing of it was saved: start it again")
