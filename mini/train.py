@@ -341,7 +341,7 @@ class Trainer(Resumable):
             # one host sync per epoch; under torchrun the ranks' shares summed, the norm already every rank's
             seen = grpo.read_metrics(totals, distributed.all_sum if ddp is not None else None, grad_norm=grad_norm)
             if not (math.isfinite(seen["loss"]) and math.isfinite(seen["grad_norm"])):  # the same verdict on every rank
-                return None  # nothing reaches the weights; the caller rolls back
+                return None  # not this epoch's update (an earlier epoch's, --num_iterations > 1, did); the caller rolls back
             if apply:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
