@@ -224,17 +224,18 @@ def saved_settings(cfg):
         run = RunDir(cfg.log_dir, cfg.run_name)
         saved = run.saved_config()
         if saved is None:  # config.json deleted: the checkpoint the run continues from holds the settings too
-            missing = "continues the run with the settings of {} (its config.json is missing)"
+            path, recovery = None, run.checkpoint("recovery.pt")
             if cfg.auto_resume:
                 found = run.latest_valid_checkpoint()
                 if found:
-                    return found[1]["config"], f"{mode} {missing.format(found[0])}"
-            elif os.path.exists(run.checkpoint("recovery.pt")):
+                    path, saved = found[0], found[1]["config"]
+            elif os.path.exists(recovery):
                 try:
-                    return checkpoint_settings(run.checkpoint("recovery.pt")), \
-                        f"{mode} {missing.format(run.checkpoint('recovery.pt'))}"
+                    path, saved = recovery, checkpoint_settings(recovery)
                 except ValueError:
                     pass  # damaged: Resumable.resume says so
+            if path:
+                return saved, f"{mode} continues the run with the settings of {path} (its config.json is missing)"
         return saved, f"{mode} continues the run with its own config.json"
     return None, None
 

@@ -168,9 +168,9 @@ def check_fits(shape, device):
         n = GPT(shape).num_params()
     need, free = TRAIN_BYTES_PER_PARAM * n, free_memory_bytes(device)
     if free is not None and need > free:
-        raise ValueError(f"a model of {shape.n_layer} layer{'s' * (shape.n_layer != 1)} of width {shape.n_embd} has {n / 1e6:,.0f}M parameters, which "
-                         f"take about {need / 2**30:,.2f} GiB to train and {device} has {free / 2**30:,.2f} GiB free; "
-                         "choose a smaller --n_embd or --n_layer (or --grow_layers)")
+        raise ValueError(f"a model of {shape.n_layer} layer{'s' * (shape.n_layer != 1)} of width {shape.n_embd} has "
+                         f"{n / 1e6:,.0f}M parameters, which take about {need / 2**30:,.2f} GiB to train and {device} "
+                         f"has {free / 2**30:,.2f} GiB free; choose a smaller --n_embd or --n_layer (or --grow_layers)")
 
 
 def grow_layers(model, n_layer):
