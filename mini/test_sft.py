@@ -433,6 +433,28 @@ def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, mo
     assert not (tmp_path / "c" / "final").exists() and spy.closed == 3 and handlers() == before
 
 
+@pytest.mark.sends_signals
+def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch):
+    """A SIGTERM during the last of --steps 3 saves the finished run and exits 0; the same signal in step 2 saves a
+    run stopped short, which exits 128 + 15 so that a scheduler knows it is not done."""
+    LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    loss, calls = sft.sft_loss, []
+
+    def signalled_in_step(n):
+        def step_loss(*batch):
+            calls.append(1)
+            if len(calls) == n:
+                signal.raise_signal(signal.SIGTERM)
+            return loss(*batch)
+        return step_loss
+    for run, at, code in (("l", 3, 0), ("m", 2, 128 + signal.SIGTERM)):
+        calls.clear()
+        monkeypatch.setattr(sft, "sft_loss", signalled_in_step(at))
+        assert sft.main(TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--run_name", run]) == code
+        log = (tmp_path / run / "sft.log").read_text()
+        assert f"SIGTERM: saving the snapshot at step {at}" in log and f"done: {at} steps" in log
+
+
 def test_snapshots_on_the_way_outlive_a_crash(tmp_path, monkeypatch):
     """--snapshot_every_min 0.05 (3 s) on a clock that moves 1 s a step: snapshots of steps 2, 5 and 8 in final/
     (each taken before the next step, its interval counted from the last one); an error in step 10 stops the run
