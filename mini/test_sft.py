@@ -438,9 +438,11 @@ def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch):
     """A SIGTERM during the last of --steps 3 saves the finished run and exits 0; the same signal in step 2 saves a
     run stopped short, which exits 128 + 15 so that a scheduler knows it is not done."""
     LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
-    loss, calls = sft.sft_loss, []
+    loss = sft.sft_loss
 
     def signalled_in_step(n):
+        calls = []
+
         def step_loss(*batch):
             calls.append(1)
             if len(calls) == n:
@@ -448,7 +450,6 @@ def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch):
             return loss(*batch)
         return step_loss
     for run, at, code in (("l", 3, 0), ("m", 2, 128 + signal.SIGTERM)):
-        calls.clear()
         monkeypatch.setattr(sft, "sft_loss", signalled_in_step(at))
         assert sft.main(TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--run_name", run]) == code
         log = (tmp_path / run / "sft.log").read_text()
