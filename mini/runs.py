@@ -18,6 +18,7 @@ import errno
 import fcntl
 import glob
 import json
+import math
 import os
 import pickle
 import shutil
@@ -225,10 +226,13 @@ def saved_settings(cfg):
         saved = run.saved_config()
         if saved is None:  # config.json deleted: the checkpoint the run continues from holds the settings too
             path, recovery = None, run.checkpoint("recovery.pt")
-            if cfg.auto_resume:
-                found = run.latest_valid_checkpoint()
-                if found:
-                    path, saved = found[0], found[1]["config"]
+            if cfg.auto_resume:  # every checkpoint of the run holds its settings: the latest readable one's,
+                for _, candidate in run.resumable_checkpoints():  # read cheaply; Resumable.resume loads it
+                    try:
+                        path, saved = candidate, peek_checkpoint(candidate)["config"]
+                        break
+                    except Exception:
+                        continue  # damaged: latest_valid_checkpoint says so
             elif os.path.exists(recovery):
                 try:
                     path, saved = recovery, checkpoint_settings(recovery)
@@ -513,14 +517,22 @@ class RunDir:
         for old in (regular + [self.checkpoint(name)])[:-keep_last] if keep_last > 0 else []:
             remove_checkpoint(old)
 
+    def resumable_checkpoints(self):
+        """[(step, path)] of the regular, stable and recovery checkpoints, the highest step first, each step read
+        cheaply (mmap); one whose step cannot be read comes first, its step None: only a full load tells."""
+        paths = [p for p in glob.glob(self.checkpoint("*.pt")) if not os.path.basename(p).startswith("debug")]
+        steps = [(saved_step(p), p) for p in paths]
+        return sorted(steps, key=lambda sp: -math.inf if sp[0] is None else -sp[0])
+
     def latest_valid_checkpoint(self):
         """(path, state) of the valid checkpoint with the highest step among regular, stable and
-        recovery ones; None if there is none. Damaged ones are skipped with a message; if every one is
+        recovery ones; None if there is none. Loaded fully (checksum, every tensor) from the highest step
+        down until one is valid, not all of them. Damaged ones are skipped with a message; if every one is
         damaged, a RunError: the run never restarts from step 0 on top of its old logs."""
         best, damaged = None, []
-        for path in glob.glob(self.checkpoint("*.pt")):
-            if os.path.basename(path).startswith("debug"):
-                continue
+        for step, path in self.resumable_checkpoints():
+            if best is not None and step is not None and step <= best[1]["step"]:
+                break
             try:
                 state = load_checkpoint(path)
             except ValueError as e:

@@ -173,7 +173,15 @@ def test_a_resume_takes_the_settings_of_the_run_or_refuses(tiny, tmp_path, two_s
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_a_run_whose_config_json_is_gone_resumes_under_its_checkpoints_settings(tiny, tmp_path, two_steps, capsys):
+def count_loads(monkeypatch):
+    """The paths runs.load_checkpoint (a full read: checksum and every tensor) is called on from now on."""
+    loads, load = [], runs.load_checkpoint
+    monkeypatch.setattr(runs, "load_checkpoint", lambda path: loads.append(path) or load(path))
+    return loads
+
+
+def test_a_run_whose_config_json_is_gone_resumes_under_its_checkpoints_settings(tiny, tmp_path, two_steps, capsys,
+                                                                               monkeypatch):
     """config.json deleted: --auto_resume and --recovery_mode take the run's settings from the checkpoint they
     continue from (the defaults would be refused by it, or start the run anew), and write config.json again."""
     config = two_steps / "config.json"
@@ -182,7 +190,9 @@ def test_a_run_whose_config_json_is_gone_resumes_under_its_checkpoints_settings(
     fails_with(capsys, run + ["--recovery_mode", "--lr", "0.5"], f"--recovery_mode continues the run with the settings "
                f"of {two_steps / 'checkpoints' / 'recovery.pt'} (its config.json is missing), and these flags would "
                "change it: --lr 0.5 (the run has 0.001)")
+    loads = count_loads(monkeypatch)
     assert train.main(run + ["--auto_resume", "--steps", "3"]) == 0
+    assert len(loads) == 1  # the settings are peeked at, the checkpoint loaded once (124M: about 1.5 GB)
     assert re.search(r"Resumed from \S+\.pt at step 2", (two_steps / "train.log").read_text())
     assert json.loads(config.read_text())["k_samples"] == 3
     assert [m["step"] for m in read_jsonl(two_steps / "metrics.jsonl")] == [1, 2, 3]
@@ -409,6 +419,23 @@ def test_latest_valid_checkpoint_is_the_highest_step_of_the_good_ones(tmp_path, 
     remove_checkpoint(path)
     assert run.latest_valid_checkpoint()[0] == run.checkpoint("stable.pt")
     capsys.readouterr()
+
+
+def test_latest_valid_checkpoint_loads_from_the_top_down_until_one_is_good(tmp_path, monkeypatch, capsys):
+    """Each full load reads and hashes a whole checkpoint (about 1.5 GB at 124M): the steps are peeked at first,
+    and only the damaged ones above the winner are loaded beside it."""
+    run = RunDir(str(tmp_path), "r")
+    for step in (1, 2, 3, 4, 5):
+        run.save_regular(ckpt_state(step), keep_last=0)
+    run.save("recovery.pt", ckpt_state(4))
+    with open(run.checkpoint("step_000005.pt"), "r+b") as f:  # the step still reads; the checksum fails
+        f.seek(-30, os.SEEK_END)
+        f.write(b"x")
+    loads = count_loads(monkeypatch)
+    path, state = run.latest_valid_checkpoint()
+    assert state["step"] == 4 and os.path.basename(path) in ("step_000004.pt", "recovery.pt")
+    assert [os.path.basename(p) for p in loads[:1]] == ["step_000005.pt"] and len(loads) == 2
+    assert "step_000005.pt does not match its checksum" in capsys.readouterr().err
 
 
 def test_keep_last_0_keeps_every_checkpoint_and_n_keeps_the_n_newest(tmp_path):
