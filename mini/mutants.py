@@ -2058,6 +2058,27 @@ MUTANTS = [
            "sampler.py", "nxt, logp = sample_next(logits[row_of], temperature, top_k, u=None if u is None else u[0])",
            "nxt, logp = sample_next(logits[row_of * 0], temperature, top_k, u=None if u is None else u[0])",
            ("mini/test_sampler.py::test_greedy_generate_equals_transformers",)),
+    # the held-out metrics and their intervals (mini/evaluate.py), the same sweep
+    Mutant("pairs_count_unmeasured_as_0", "a prompt measured before but not after is paired with a 0",
+           "evaluate.py", "pairs = [(b, a) for b, a in zip(before[k], after[k]) if b is not None and a is not None]",
+           "pairs = [(b, a if a is not None else 0.0) for b, a in zip(before[k], after[k]) if b is not None]",
+           ("mini/test_evaluate.py::test_accuracy_among_legal_answers_pairs_the_prompts_where_both_answers_are_legal",)),
+    Mutant("pv1_of_a_tie_is_the_first", "a tie at the top of the labels names its first move PV1",
+           "evaluate.py", "return s.best if s.best in top else top[0] if len(top) == 1 else None",
+           "return s.best if s.best in top else top[0]",
+           ("mini/test_evaluate.py::test_text_lines_label_versus_pv1",)),
+    Mutant("cpl_median_is_the_mean", "the reported median centipawn loss is the mean",
+           "evaluate.py", 'out["eval_P_cpl_median"] = float(np.median(values["eval_P_cpl"]))',
+           'out["eval_P_cpl_median"] = float(np.mean(values["eval_P_cpl"]))',
+           ("mini/test_evaluate.py::test_engine_quality_is_the_reward_function",)),
+    Mutant("top5_legal_over_5", "top-5 legality divides by 5, not by the moves named",
+           "evaluate.py", '("top5_legal", sum(m in legal for m in named) / len(named) if named else 0.0)',
+           '("top5_legal", sum(m in legal for m in named) / 5 if named else 0.0)',
+           ("mini/test_evaluate.py::test_breakdowns_by_phase_history_and_legal_answers",)),
+    Mutant("in_check_breakdown_swapped", "legality in check and out of it swap names",
+           "evaluate.py", 'out.append(("best_legal_in_check" if constraint == "check" else "best_legal_not_in_check", best in legal))',
+           'out.append(("best_legal_in_check" if constraint != "check" else "best_legal_not_in_check", best in legal))',
+           ("mini/test_evaluate.py::test_labels_score_full_marks",)),
 ]
 
 
