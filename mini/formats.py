@@ -294,6 +294,9 @@ def parse_line(text):
     if len(parts) != 7:
         raise ValueError(f"neither a P: line nor an A: line with 7 '+' fields (got {len(parts)})")
     fen, move, history = parts[0].strip(), parts[1].strip(), parts[2].split()
+    if move and history[-1:] != [move]:  # an empty move cannot be a history's word
+        raise ValueError(f"an A: line's history ends with its move {move!r:.20} (the format's last entry), not "
+                         f"{' '.join(history[-1:]) or 'nothing'!r:.20}")
     checked_board(fen)
     own = parse_env("+".join(parts[3:]))  # a malformed label still makes a bad line
     s = env_sample(fen, move, history)

@@ -2079,6 +2079,12 @@ MUTANTS = [
            "evaluate.py", 'out.append(("best_legal_in_check" if constraint == "check" else "best_legal_not_in_check", best in legal))',
            'out.append(("best_legal_in_check" if constraint != "check" else "best_legal_not_in_check", best in legal))',
            ("mini/test_evaluate.py::test_labels_score_full_marks",)),
+    Mutant("a_line_history_unchecked", "an A: text line whose history does not end with its move loads as a sample",
+           "formats.py", "if move and history[-1:] != [move]:", "if False:",
+           ("mini/test_formats.py::test_an_a_lines_history_ends_with_its_move",)),
+    Mutant("a_line_empty_move_needs_history", "an A: text line with no move (garbled) is refused for its history",
+           "formats.py", "if move and history[-1:] != [move]:", "if history[-1:] != [move]:",
+           ("mini/test_formats.py::test_an_a_lines_history_ends_with_its_move",)),
 ]
 
 

@@ -160,6 +160,18 @@ def test_an_a_line_is_labelled_by_python_chess():
     assert not any(parse_line(line).relabelled for line in A_LINES)  # lines python-chess agrees with
 
 
+def test_an_a_lines_history_ends_with_its_move():
+    """The format's last history entry is the move judged (as for an A: record of a .jsonl file): a line whose
+    history is empty or ends otherwise is a bad line; a line with no move needs none."""
+    fen, after = chess.STARTING_FEN, "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    for history, last in (("", "nothing"), ("d2d4", "d2d4"), ("e2e4 d2d4", "d2d4")):
+        with pytest.raises(ValueError, match=f"^an A: line's history ends with its move 'e2e4' .the format's last "
+                                             f"entry., not '{last}'$"):
+            parse_line(f"A: {fen}+e2e4+{history}+{after}+0.001+0+0")
+    assert parse_line(f"A: {fen}+e2e4+d2d4 e2e4+{after}+0.001+0+0").history == ["d2d4", "e2e4"]
+    assert parse_line(f"A: {fen}++e2e4 +{fen}+-1.0+0+1").truncated == 1  # a garbled move: empty
+
+
 def test_a_position_without_its_move_counters_is_a_bad_line_not_an_unscorable_label():
     """python-chess reads a 4-field FEN, and an illegal move's next state is the FEN itself: a label the scorer
     refuses, so that even the true completion would score as invalid. A P: position becomes an A: one too."""
