@@ -3,6 +3,7 @@ samples (the shipped pool, a RookWorld text file, annotated positions); StreamSo
 Stockfish labels as they are needed; both draw(n) and keep their state in state_dict(). A replay buffer of
 positions met in training feeds the A: prompts; held-out positions never enter.
 """
+import copy
 import json
 import multiprocessing
 import os
@@ -13,7 +14,7 @@ from functools import lru_cache, partial
 
 import chess
 
-from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
+from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
 from mini.formats import (PAD_WIDTHS, UCI, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
                           legal_ucis, parse_line, placement, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
@@ -127,9 +128,21 @@ def annotated_sample(line):
     return sample
 
 
+@lru_cache(maxsize=8)
+def shipped_records(path, stamp, skip_bad_lines):
+    """read_records of a file under mini/data, once a process for each (size, mtime) stamp: checking its lines
+    with python-chess takes seconds, and the test suite starts hundreds of runs in its worker processes."""
+    return read_records(path, annotated_sample, skip_bad_lines)[0]
+
+
 def load_jsonl(path, skip_bad_lines=True):
     """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples."""
-    records, _ = read_records(path, annotated_sample, skip_bad_lines)
+    if os.path.dirname(os.path.realpath(path)) == os.path.realpath(DATA_DIR):
+        stat = os.stat(path)
+        records = [copy.copy(s) for s in shipped_records(os.path.realpath(path), (stat.st_size, stat.st_mtime_ns),
+                                                                  skip_bad_lines)]
+    else:
+        records, _ = read_records(path, annotated_sample, skip_bad_lines)
     samples = [s for s in records if s is not None]  # None: the header line
     if not samples:
         raise ValueError(f"{path} holds no sample, only its header")

@@ -259,7 +259,7 @@ def check_policy(fen, moves, evals, best=None):
     """Raises ValueError saying what is wrong with a P: label, wherever it was read from (a text line, a JSONL
     record): a FEN python-chess does not accept or calls impossible (checked_board), other than 1 to 5 moves
     or one eval per move, an illegal move, a B: move (text lines have one) not among the moves."""
-    checked_board(fen)
+    legal = board_ucis(checked_board(fen))  # one board per label: building it is most of a pool's load time
     if not isinstance(moves, list) or not 1 <= len(moves) <= 5:
         raise ValueError("needs a list of 1 to 5 moves")
     if not isinstance(evals, list) or len(evals) != len(moves):
@@ -269,7 +269,7 @@ def check_policy(fen, moves, evals, best=None):
     if len(set(moves)) < len(moves):
         raise ValueError(f"moves {moves!r:.60} list a move twice; Stockfish's candidates are distinct")
     for x in moves:
-        if x not in legal_ucis(fen):
+        if x not in legal:
             raise ValueError(f"move {x} is illegal in the position")
     if best is not None and best not in moves:
         raise ValueError(f"B: move {best} is not among the M: moves")

@@ -603,6 +603,25 @@ MUTANTS = [
            "tokenizer.py", "source = vocab_file if os.path.exists(vocab_file) else tok_file",
            "source = vocab_file",
            ("mini/test_tokenizer.py::test_a_snapshot_with_only_tokenizer_json",)),
+    Mutant("shipped_samples_shared", "every load of a shipped file hands out the same sample objects, so one caller's "
+           "change is every later caller's", "dataset.py", "records = [copy.copy(s) for s in shipped_records(",
+           "records = [s for s in shipped_records(",
+           ("mini/test_dataset.py::test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples",)),
+    Mutant("shipped_files_read_at_every_load", "the shipped files are read and checked again by every run a process "
+           "starts", "dataset.py", "@lru_cache(maxsize=8)\ndef shipped_records(", "def shipped_records(",
+           ("mini/test_dataset.py::test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples",)),
+    Mutant("shipped_file_rebuilt_unseen", "a shipped file rebuilt on disk is still read as it was",
+           "dataset.py", "(stat.st_size, stat.st_mtime_ns)", "()",
+           ("mini/test_dataset.py::test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples",)),
+    Mutant("merges_worked_out_at_every_save", "a tokenizer read from a snapshot works its merges out again at every "
+           "checkpoint (seconds of python each)", "tokenizer.py", "return cls(ranks, [\" \".join(merge) for merge in merges])",
+           "return cls(ranks)", ("mini/test_tokenizer.py::test_a_loaded_tokenizer_saves_the_files_it_was_read_from",)),
+    Mutant("gpt2_tokenizer_built_at_every_call", "every Tokenizer.gpt2() reads the ranks and works the merges out "
+           "again", "tokenizer.py", "    @functools.cache  # one a process", "    # one a process",
+           ("mini/test_tokenizer.py::test_a_loaded_tokenizer_saves_the_files_it_was_read_from",)),
+    Mutant("short_merges_copied", "a merges.txt that stops short of the vocabulary is saved as it was",
+           "tokenizer.py", "if len(merges) == len(ranks) - 256:", "if True:",
+           ("mini/test_tokenizer.py::test_a_loaded_tokenizer_saves_the_files_it_was_read_from",)),
     Mutant("u_index_lag", "token t+1 reuses uniform t",
            "sampler.py", "u=None if u is None else u[t + 1])",
            "u=None if u is None else u[t])",

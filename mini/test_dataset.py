@@ -17,6 +17,7 @@ from contextlib import closing
 import chess
 import pytest
 
+from mini import dataset
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
                           load_text, make_source, parsed_lines, record_keys, shows_held_out)
@@ -26,6 +27,9 @@ from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.stockfish import Annotator
 from mini.test_annotate import needs_stockfish
 from mini.test_formats import A_LINES, KINGLESS_A_LINE, P_LINES, PINNED, START
+
+READ_RECORDS = dataset.read_records
+
 
 def test_malformed_lines_say_what_is_wrong(tmp_path):
     bad = {
@@ -455,6 +459,26 @@ def test_shipped_pool_and_eval():
     with open(POOL_PATH) as f:
         meta = json.loads(f.readline())["meta"]
     assert meta["stockfish"].startswith("Stockfish") and meta["multipv"] == 5 and meta["limit"]
+
+
+def test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples(tmp_path, monkeypatch):
+    """The files under mini/data are read and checked once a process (again when one changes on disk), and every
+    load gets samples of its own, so that one caller's change is not another's; any other file is read each time."""
+    reads = []
+    monkeypatch.setattr(dataset, "read_records", lambda path, *a: reads.append(path) or READ_RECORDS(path, *a))
+    dataset.shipped_records.cache_clear()
+    first, second = load_jsonl(EVAL_PATH), load_jsonl(EVAL_PATH)
+    assert len(reads) == 1 and first == second and first[0] is not second[0]
+    first[0].completion = " changed"
+    assert load_jsonl(EVAL_PATH)[0].completion.startswith(" M: ")
+    copy = tmp_path / "eval.jsonl"
+    copy.write_bytes(open(EVAL_PATH, "rb").read())
+    assert load_jsonl(str(copy)) == load_jsonl(str(copy)) == second and len(reads) == 3
+    monkeypatch.setattr(dataset, "DATA_DIR", str(tmp_path))  # the copy is a shipped file now: rebuilt, read again
+    assert load_jsonl(str(copy)) == second and len(reads) == 4
+    copy.write_bytes(b"".join(open(EVAL_PATH, "rb").readlines()[:-1]))
+    assert load_jsonl(str(copy)) == second[:-1] and len(reads) == 5
+    dataset.shipped_records.cache_clear()
 
 
 def test_pool_source_mix():

@@ -92,6 +92,26 @@ def test_rejects_merges_out_of_id_order_and_reads_them_without_a_version_line(fr
     assert Tokenizer.from_dir(str(tmp_path)).encode(LINES[0]) == Tokenizer.gpt2().encode(LINES[0])
 
 
+def test_a_loaded_tokenizer_saves_the_files_it_was_read_from(from_files, tmp_path, monkeypatch):
+    """Every checkpoint saves the tokenizer: one read from a snapshot writes the merges it read instead of working
+    them out again (seconds of python), byte for byte what Tokenizer.gpt2() writes. A merges.txt that stops short
+    of the vocabulary is not copied: the ranks make every token, so the saved file must too."""
+    tok, d = from_files
+    monkeypatch.setattr("mini.tokenizer._bpe_split", None)  # working them out would fail
+    tok.save(str(tmp_path))
+    (tmp_path / "gpt2").mkdir()
+    Tokenizer.gpt2().save(str(tmp_path / "gpt2"))  # the shipped ranks' tokenizer is built once a process, merges and all
+    for f in ("vocab.json", "merges.txt"):
+        assert (tmp_path / f).read_bytes() == open(f"{d}/{f}", "rb").read(), f
+    monkeypatch.undo()
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "vocab.json").write_text(open(f"{d}/vocab.json").read())
+    (short / "merges.txt").write_text("\n".join(open(f"{d}/merges.txt").read().splitlines()[:1000]))
+    Tokenizer.from_dir(str(short)).save(str(short))
+    assert (short / "merges.txt").read_bytes() == open(f"{d}/merges.txt", "rb").read()
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))

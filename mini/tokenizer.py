@@ -7,6 +7,7 @@ the ranks as mini/gpt2.tiktoken (from the openai-whisper sdist on PyPI) so that 
 made from scratch need no network.
 """
 import base64
+import functools
 import json
 import os
 
@@ -47,8 +48,9 @@ def _bpe_split(token, ranks):
 
 
 class Tokenizer:
-    def __init__(self, ranks):
+    def __init__(self, ranks, merges=None):
         self.ranks = ranks  # dict[bytes, int], without EOS
+        self.merges = merges  # merges.txt's lines as read (from_dir), else worked out from the ranks on first save
         self.eos_token_id = len(ranks)
         self.enc = tiktoken.Encoding("gpt2-mini", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                                      special_tokens={EOS: self.eos_token_id})
@@ -64,6 +66,7 @@ class Tokenizer:
         return self.enc.decode(list(ids))
 
     @classmethod
+    @functools.cache  # one a process: it is never changed, so the merges its first save works out serve every save
     def gpt2(cls):
         with open(SHIPPED_RANKS, "rb") as f:
             ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
@@ -100,6 +103,8 @@ class Tokenizer:
                     raise ValueError(f"{merges_file}: merge {i} ({' '.join(merge)[:40]}) does not create token "
                                      f"{256 + i}; the file is damaged, or not of a GPT-2-style vocabulary (ids in "
                                      "merge order), the only kind supported")
+            if len(merges) == len(ranks) - 256:  # every token past the bytes made by its merge: keep them to save
+                return cls(ranks, [" ".join(merge) for merge in merges])
         return cls(ranks)
 
     def save(self, out_dir):
@@ -108,9 +113,10 @@ class Tokenizer:
         show = lambda b: "".join(to_unicode[x] for x in b)
         vocab = {show(tok): i for tok, i in self.ranks.items()}
         vocab[EOS] = self.eos_token_id
-        merges = [" ".join(show(p) for p in _bpe_split(tok, self.ranks))
-                  for tok, _ in sorted(self.ranks.items(), key=lambda kv: kv[1]) if len(tok) > 1]
+        if self.merges is None:  # 2-5 s of python for GPT-2's 50,000 merges: once, not at every checkpoint
+            self.merges = [" ".join(show(p) for p in _bpe_split(tok, self.ranks))
+                           for tok, _ in sorted(self.ranks.items(), key=lambda kv: kv[1]) if len(tok) > 1]
         with open(os.path.join(out_dir, "vocab.json"), "w", encoding="utf-8") as f:
             json.dump(vocab, f, ensure_ascii=False)
         with open(os.path.join(out_dir, "merges.txt"), "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+            f.write("#version: 0.2\n" + "\n".join(self.merges) + "\n")
