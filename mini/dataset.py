@@ -130,17 +130,18 @@ def annotated_sample(line):
 
 @lru_cache(maxsize=8)
 def shipped_records(path, stamp, skip_bad_lines):
-    """read_records of a file under mini/data, once a process for each (size, mtime) stamp: checking its lines
-    with python-chess takes seconds, and the test suite starts hundreds of runs in its worker processes."""
+    """read_records of a file under mini/data, once a process for each (inode, size, mtime) stamp: checking its
+    lines with python-chess takes seconds, and the test suite starts hundreds of runs in its worker processes."""
     return read_records(path, annotated_sample, skip_bad_lines)[0]
 
 
 def load_jsonl(path, skip_bad_lines=True):
-    """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples."""
+    """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples; a shipped
+    file's come from shipped_records, copied so that a caller's change stays its own."""
     if os.path.dirname(os.path.realpath(path)) == os.path.realpath(DATA_DIR):
         stat = os.stat(path)
-        records = [copy.copy(s) for s in shipped_records(os.path.realpath(path), (stat.st_size, stat.st_mtime_ns),
-                                                                  skip_bad_lines)]
+        stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)  # a file rebuilt (or replaced) is read again
+        records = [copy.copy(s) for s in shipped_records(os.path.realpath(path), stamp, skip_bad_lines)]
     else:
         records, _ = read_records(path, annotated_sample, skip_bad_lines)
     samples = [s for s in records if s is not None]  # None: the header line

@@ -611,7 +611,7 @@ MUTANTS = [
            "starts", "dataset.py", "@lru_cache(maxsize=8)\ndef shipped_records(", "def shipped_records(",
            ("mini/test_dataset.py::test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples",)),
     Mutant("shipped_file_rebuilt_unseen", "a shipped file rebuilt on disk is still read as it was",
-           "dataset.py", "(stat.st_size, stat.st_mtime_ns)", "()",
+           "dataset.py", "stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)", "stamp = ()",
            ("mini/test_dataset.py::test_a_shipped_file_is_checked_once_and_each_load_gets_its_own_samples",)),
     Mutant("merges_worked_out_at_every_save", "a tokenizer read from a snapshot works its merges out again at every "
            "checkpoint (seconds of python each)", "tokenizer.py", "return cls(ranks, [\" \".join(merge) for merge in merges])",

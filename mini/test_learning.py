@@ -14,8 +14,8 @@ from mini.loader import load_model
 
 N_HELD_OUT = 500
 GRPO_ARGS = ["--model_path", CI_MODEL, "--steps", "16", "--batch_size", "8", "--k_samples", "8",
-             "--micro_batch_size", "64", "--mix_env_ratio", "0", "--lr", "1.5e-4", "--temperature", "0.7", "--top_k", "15",
-             "--warmup_steps", "3", "--eval_every", "0", "--save_every", "0", "--seed", "0"]
+             "--micro_batch_size", "64", "--mix_env_ratio", "0", "--lr", "1.5e-4", "--temperature", "0.7",
+             "--top_k", "15", "--warmup_steps", "3", "--eval_every", "0", "--save_every", "0", "--seed", "0"]
 
 
 def held_out_values(model_dir, samples):

@@ -100,7 +100,7 @@ def test_a_loaded_tokenizer_saves_the_files_it_was_read_from(from_files, tmp_pat
     monkeypatch.setattr("mini.tokenizer._bpe_split", None)  # working them out would fail
     tok.save(str(tmp_path))
     (tmp_path / "gpt2").mkdir()
-    Tokenizer.gpt2().save(str(tmp_path / "gpt2"))  # the shipped ranks' tokenizer is built once a process, merges and all
+    Tokenizer.gpt2().save(str(tmp_path / "gpt2"))  # built once a process, its merges with it
     for f in ("vocab.json", "merges.txt"):
         assert (tmp_path / f).read_bytes() == open(f"{d}/{f}", "rb").read(), f
     monkeypatch.undo()
