@@ -137,7 +137,7 @@ def shipped_records(path, stamp, skip_bad_lines):
 
 def load_jsonl(path, skip_bad_lines=True):
     """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples; a shipped
-    file's come from shipped_records, copied so that a caller's change stays its own."""
+    file's samples come from shipped_records, copied so that a caller's change stays its own."""
     if os.path.dirname(os.path.realpath(path)) == os.path.realpath(DATA_DIR):
         stat = os.stat(path)
         stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)  # a file rebuilt (or replaced) is read again
