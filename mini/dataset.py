@@ -138,10 +138,11 @@ def shipped_records(path, stamp, skip_bad_lines):
 def load_jsonl(path, skip_bad_lines=True):
     """Annotated positions and transitions (mini/data/*.jsonl, mini/annotate.py --pool_path) -> samples; a shipped
     file's samples come from shipped_records, copied so that a caller's change stays its own."""
-    if os.path.dirname(os.path.realpath(path)) == os.path.realpath(DATA_DIR):
-        stat = os.stat(path)
+    real = os.path.realpath(path)
+    if os.path.dirname(real) == os.path.realpath(DATA_DIR):
+        stat = os.stat(real)
         stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)  # a file rebuilt (or replaced) is read again
-        records = [copy.copy(s) for s in shipped_records(os.path.realpath(path), stamp, skip_bad_lines)]
+        records = [copy.copy(s) for s in shipped_records(real, stamp, skip_bad_lines)]
     else:
         records, _ = read_records(path, annotated_sample, skip_bad_lines)
     samples = [s for s in records if s is not None]  # None: the header line
