@@ -85,7 +85,8 @@ def warnings(rows):
                    "lower --lr or raise --kl_coef (or --adaptive_kl)")
     if late("clip_frac") > 0.2:
         out.append(f"{late('clip_frac'):.0%} of tokens clipped late in the run: updates are too large")
-    if len(rows) >= 10 and (mean_of(last, "reward_mean") or 0.0) <= (mean_of(first, "reward_mean") or 0.0):
+    early, recent = mean_of(first, "reward_mean"), mean_of(last, "reward_mean")  # None: no reward logged there
+    if len(rows) >= 10 and None not in (early, recent) and recent <= early:
         out.append("the training reward did not rise from the first fifth of the run to the last")
     evals = [r for r in rows if is_number(r.get("eval_reward"))]
     if len(evals) >= 2 and evals[-1]["eval_reward"] < evals[0]["eval_reward"]:
@@ -101,7 +102,7 @@ def table(header, lines):
 
 def run_name(path):
     """The run directory's name of a run directory or its metrics.jsonl."""
-    path = os.path.normpath(path)
+    path = os.path.abspath(path)  # "." or a bare metrics.jsonl: the current folder's name, not "." or ""
     return os.path.basename(os.path.dirname(path) if path.endswith(".jsonl") else path)
 
 
@@ -141,6 +142,8 @@ def main(argv=None):
         runs = {name: load_metrics(path) for name, path in zip(names, args.runs)}
     except (ValueError, json.JSONDecodeError) as e:
         sys.exit(f"analyze_metrics.py: {e}")
+    except OSError as e:  # a folder where the file should be, a file this user may not read
+        sys.exit(f"analyze_metrics.py: cannot read {e.filename}: {e.strerror or e}")
     for name, rows in runs.items():
         if len(runs) > 1:
             print(f"\n== {name} ==")

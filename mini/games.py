@@ -107,13 +107,17 @@ def is_mate_list(board, mates):
 
 
 def mate_values(records, completions):
-    """Per position: mate (B: is a mating move), invalid (no B: move), illegal (a UCI move, not legal)."""
+    """Per position: mate (B: is a legal move that mates, by the board: a file's list may miss a mate), invalid
+    (no B: move), illegal (a UCI move, not legal)."""
     vals = {"chess_mate_acc": [], "chess_mate_invalid": [], "chess_mate_illegal": []}
     for r, text in zip(records, completions, strict=True):
-        move = policy_move(text)
-        vals["chess_mate_acc"].append(float(move in r["mates"]))
+        move, board = policy_move(text), chess.Board(r["fen"])
+        legal = move is not None and move in legal_ucis(r["fen"])
+        if legal:
+            board.push_uci(move)
+        vals["chess_mate_acc"].append(float(legal and board.is_checkmate()))
         vals["chess_mate_invalid"].append(float(move is None))
-        vals["chess_mate_illegal"].append(float(move is not None and move not in legal_ucis(r["fen"])))
+        vals["chess_mate_illegal"].append(float(move is not None and not legal))
     return vals
 
 

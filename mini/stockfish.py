@@ -294,7 +294,9 @@ class Annotator:
         for line in whole.splitlines():
             try:
                 r = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                continue
+            if not (isinstance(r, dict) and {"fen", "move"} <= r.keys()):  # damaged bytes: searched again
                 continue
             if (r.get("limit") == self.tag and r.get("engine") == self.engine and r.get("rule") == MOVE_CACHE_RULE
                     and "cp" in r):

@@ -107,6 +107,12 @@ def test_cli_explains_bad_input(tmp_path, capsys):
         write_run(tmp_path, [{"step": 1}, {"step": step}])
         with pytest.raises(SystemExit, match=f"holds a step of {step!r}, not a whole number"):
             am.main([run])
+    write_run(tmp_path, [])
+    with pytest.raises(SystemExit, match="metrics.jsonl is empty: the run logged no step yet"):
+        am.main([run])
+    (tmp_path / "folder" / "metrics.jsonl").mkdir(parents=True)  # unreadable: a folder where the file should be
+    with pytest.raises(SystemExit, match=f"cannot read {tmp_path / 'folder' / 'metrics.jsonl'}: Is a directory$"):
+        am.main([str(tmp_path / "folder")])
     (tmp_path / "report.json").write_text("{}")
     with pytest.raises(SystemExit, match="is a report, not a run's metrics.jsonl"):
         am.main([str(tmp_path / "report.json")])
@@ -124,7 +130,7 @@ def test_cli_several_runs_print_each_summary(tmp_path, capsys):
     b = write_run(tmp_path / "b", [{"step": i, "kl": 0.5} for i in range(1, 3)])
     am.main([a, b + "/metrics.jsonl", "--windows", "2"])
     out = capsys.readouterr().out
-    assert out.index("== a ==") < out.index("4 steps") < out.index("== b ==") < out.index("2 steps")
+    assert out.index("== a ==") < out.index("4 steps\n") < out.index("== b ==") < out.index("2 steps\n")  # no time_step: no minutes
     assert "KL to the start model is 0.50" in out  # each run gets its own warnings
     twins = [write_run(tmp_path / side / "run", [{"step": 1, "kl": 0.0}]) for side in ("left", "right")]
     am.main(twins)  # two runs named alike in different folders: each headed by its path
@@ -205,13 +211,30 @@ def test_warnings_read_the_last_fifth_and_their_thresholds_are_strict():
         "the training reward did not rise from the first fifth of the run to the last"]
 
 
+def test_the_reward_warning_needs_a_reward_in_both_fifths():
+    """A run that logged no reward, or none in its first fifth (nulls of a hand-edited file), is not said to have
+    a flat reward: there is nothing to compare."""
+    assert am.warnings([{"step": i, "kl": 0.01} for i in range(1, 11)]) == []
+    assert am.warnings([{"step": i, "reward_mean": None if i <= 2 else -0.2} for i in range(1, 11)]) == []
+    assert am.warnings([{"step": i, "reward_mean": 0.0} for i in range(1, 11)]) == [  # a logged 0.0 is a reward
+        "the training reward did not rise from the first fifth of the run to the last"]
+
+
+def test_the_run_in_the_current_folder_is_named_by_that_folder(tmp_path, monkeypatch):
+    """`analyze_metrics.py .` or `analyze_metrics.py metrics.jsonl` inside a run directory heads and labels the
+    run by the directory's name, not "." or an empty name."""
+    run = write_run(tmp_path / "demo", [{"step": 1}])
+    monkeypatch.chdir(run)
+    assert [am.run_name(p) for p in (".", "metrics.jsonl", "./", run, run + "/metrics.jsonl")] == ["demo"] * 5
+
+
 def test_the_held_out_warning_compares_the_first_evaluation_with_the_last():
-    """Not the last two, not the best: 0.4, 0.1, 0.3 fell over the run; 0.3, 0.5, 0.4 did not."""
+    """Not the last two, not the best: 0.4, 0.1, 0.3 fell over the run; 0.3, 0.5, 0.4 and 0.3, 0.5, 0.3 did not."""
     def warned(evals):
         return [w for w in am.warnings([{"step": i, "eval_reward": e} for i, e in enumerate(evals, 1)])
                 if w.startswith("held-out")]
     assert warned([0.4, 0.1, 0.3]) == ["held-out reward fell from 0.400 (step 1) to 0.300 (step 3)"]
-    assert warned([0.3, 0.5, 0.4]) == [] and warned([0.3]) == []
+    assert warned([0.3, 0.5, 0.4]) == [] and warned([0.3]) == [] and warned([0.3, 0.5, 0.3]) == []  # back: no fall
 
 
 def test_rows_come_back_in_step_order_and_windows_split_by_hand(tmp_path):

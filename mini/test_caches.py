@@ -93,6 +93,18 @@ def test_a_move_cache_line_still_being_written_is_read_once_it_is_whole(tmp_path
 
 
 @needs_stockfish
+def test_a_damaged_move_cache_line_is_read_past_not_a_traceback(tmp_path):
+    """Lines that are JSON but not a record (a number, a list, a record without its position, nesting too deep for
+    the parser) are skipped like a cut-off line: the records around them are read."""
+    cache = tmp_path / "moves.jsonl"
+    damaged = ["123", "[1, 2]", '"text"', json.dumps({k: v for k, v in move_record().items() if k != "fen"}),
+               "[" * 100_000 + "]" * 100_000]
+    cache.write_text("\n".join(damaged + [json.dumps(move_record())]) + "\n")
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        assert ann.move_cache == {(START, "e2e4"): 12345}
+
+
+@needs_stockfish
 def test_a_search_without_a_score_is_not_cached(tmp_path, monkeypatch):
     """An eval the engine did not give (None) is rejected and searched again next time, never written."""
     cache = tmp_path / "moves.jsonl"
@@ -127,8 +139,9 @@ def test_engine_reward_settings_reach_its_annotator(tmp_path):
 
 @needs_stockfish
 def test_selfplay_labels_are_multipv_5_at_its_depth(tmp_path):
-    with SelfPlaySource(None, games=1, depth=3, workers=1, cache_path=str(tmp_path / "sf.jsonl"), player=None) as src:
+    with SelfPlaySource(None, games=1, depth=3, workers=2, cache_path=str(tmp_path / "sf.jsonl"), player=None) as src:
         assert (src.ann.tag, src.ann.multipv, src.ann.cache_path) == ("depth=3", 5, str(tmp_path / "sf.jsonl"))
+        assert src.ann.workers == 2
 
 
 def killing(exc):

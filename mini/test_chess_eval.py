@@ -74,6 +74,15 @@ def test_mate_in_one_scores():
     assert vals == {"chess_mate_acc": [0.0, 0.0], "chess_mate_invalid": [0.0, 1.0], "chess_mate_illegal": [1.0, 0.0]}
 
 
+def test_a_mate_the_files_list_misses_still_counts(tmp_path):
+    """A file may list one of two mates (c1c8 of c1c8 and h1h8): the other is a mate all the same, by the board; the
+    list's move still counts, a legal move that does not mate does not."""
+    path = tmp_path / "mates.jsonl"
+    path.write_text(json.dumps(dict(MATES[1], mates=["c1c8"])) + "\n")
+    records = load_mates(str(path)) * 3
+    assert mate_values(records, [" B: h1h8", " B: c1c8", " B: h1h7"])["chess_mate_acc"] == [1.0, 1.0, 0.0]
+
+
 def test_policy_move_is_the_word_after_the_last_b():
     assert policy_move(" M: e2e4 E: 0.3 B: e2e4") == "e2e4"
     assert policy_move("garbage B: e7e8q trailing") == "e7e8q"  # M:/E: need not parse
@@ -157,6 +166,14 @@ def test_centipawn_loss_hand_checked():
         "chess_cpl_legal": [0.0, 1000.0, float(r[2]["loss"]), None, None, float(r[5]["loss"])],
         "chess_blunder": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]}
     assert ce.mean(ce.quality_values(r, legal)["chess_cpl_legal"]) == (1000 + r[2]["loss"] + r[5]["loss"]) / 4
+
+
+@needs_stockfish
+def test_an_illegal_or_missing_move_costs_the_cap_asked_for():
+    """move_losses' cap is the loss of a move it need not search, not CP_CAP (1000)."""
+    with Annotator(depth=1, workers=1, cache_path="", multipv=1) as ann:
+        r = ann.move_losses([(chess.STARTING_FEN, "e2e5"), (chess.STARTING_FEN, None)], cap=300)
+    assert [x["loss"] for x in r] == [300, 300]
 
 
 @needs_stockfish
@@ -323,10 +340,10 @@ def test_load_mates_refuses_a_file_without_mates(tmp_path):
     assert len(load_mates()) == sum('"fen"' in line for line in open(MATE_PATH)) == 1000  # n=None: every position
 
 
-@pytest.mark.parametrize("mates", [None, [], ["a1a1"], ["h5f8"], "h5f7", ["h5f7", "zz"]])
+@pytest.mark.parametrize("mates", [None, [], ["a1a1"], ["h5f8"], "h5f7", ["h5f7", "zz"], ["h5f7", "c4f7"]])
 def test_load_mates_refuses_a_position_whose_mates_do_not_mate(tmp_path, mates):
     """null crashed the scoring (a TypeError); a list holding an impossible or a non-mating move scored answers
-    against it. The scholar's mate position: Qh5xf7 mates."""
+    against it. The scholar's mate position: Qh5xf7 mates, Bc4xf7 only gives check."""
     fen = "r1bqkb1r/pppp1ppp/2n2n2/4p2Q/2B1P3/8/PPPP1PPP/RNB1K1NR w KQkq - 4 4"
     path = tmp_path / "mates.jsonl"
     path.write_text(json.dumps({"fen": fen, "mates": ["h5f7"]}) + "\n" + json.dumps({"fen": fen, "mates": mates}) + "\n")
@@ -434,7 +451,7 @@ class FakeAnnotator:
     """Annotator's move_losses with given losses, recording what it was asked (and a context manager)."""
 
     def __init__(self, *a, **kw):
-        self.asked = []
+        self.asked, self.settings = [], (a, kw)
 
     def __enter__(self):
         return self
@@ -469,6 +486,50 @@ def test_run_suite_reports_the_median_centipawn_loss_and_the_engine(monkeypatch)
     assert report["values"]["chess_cpl"] == [0.0, 300.0, 1000.0, 50.0]
     assert report["metrics"]["chess_cpl_median"] == 175.0 and report["metrics"]["chess_cpl"] == 337.5
     assert len(report["items"]["move_quality"]) == 4 and report["engine"] == "Stockfish 99"
+
+
+def last_legal(board):
+    return max(m.uci() for m in board.legal_moves)
+
+
+def test_run_suite_gives_each_section_its_player_and_settings(monkeypatch, tmp_path):
+    """Mate in one reads --mates_path; the centipawn loss searches at --sf_depth; self-play samples (the sampler plays
+    the last legal move, the greedy player the first) up to --max_plies; the arbiter answers greedily (perfectly
+    here); the games against Stockfish are the greedy player's, at --sf_skill, --sf_nodes and --max_plies."""
+    annotators, sf_games = [], []
+    monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: ("stockfish", None))
+    monkeypatch.setattr(ce, "Annotator", lambda *a, **kw: annotators.append(FakeAnnotator(*a, **kw)) or annotators[-1])
+    monkeypatch.setattr(ce, "stockfish_games", lambda *a: sf_games.append(a) or [])
+    monkeypatch.setitem(ce.ENGINE_NAMES, "stockfish", "Stockfish 99")
+    mates = tmp_path / "mates.jsonl"
+    mates.write_text("".join(json.dumps(r) + "\n" for r in MATES))
+    greedy = lambda prompts: [perfect_arbiter([p])[0] if p.startswith("A: ") else answering(first_legal)([p])[0]
+                              for p in prompts]
+    a = ce.parse_args(["--mates_path", str(mates), "--n_quality", "2", "--sf_depth", "3", "--games", "2",
+                       "--max_plies", "3", "--arbiter_max", "4", "--sf_games", "2", "--sf_skill", "5",
+                       "--sf_nodes", "50"])[1]
+    report = ce.run_suite(greedy, answering(last_legal), a)
+    assert report["items"]["mate_in_one"] == [r["fen"] for r in MATES]
+    assert [an.settings[1]["depth"] for an in annotators] == [3]
+    assert [(g["plies"], g["end"]) for g in report["selfplay"]] == [(3, "max_plies")] * 2
+    assert report["selfplay"][0]["moves"][0] == last_legal(chess.Board())
+    assert report["metrics"]["chess_arbiter_all"] == 1.0 and report["metrics"]["chess_arbiter_n"] == 4
+    assert sf_games == [(greedy, 2, "stockfish", 5, 50, 3)]
+
+
+def test_main_builds_a_greedy_player_and_a_sampler_from_the_flags(monkeypatch, tmp_path):
+    """The greedy player (mate in one, move quality, the arbiter, the games against Stockfish) and the self-play
+    sampler get --seed, --max_new_tokens and --batch_size; the sampler also --temperature and --top_k."""
+    players = []
+    monkeypatch.setattr(ce, "load_model", lambda path, device: ("model", "tok"))
+    monkeypatch.setattr(ce, "autocast", lambda device, cfg: "ctx")
+    monkeypatch.setattr(ce, "model_player", lambda *a: players.append(a) or a)
+    monkeypatch.setattr(ce, "run_suite", lambda greedy, sampler, a: {
+        "skipped": {}, "metrics": {}, "values": {}, "seconds": {}, "items": {}})
+    model = os.path.join(ROOT, "mini", "data", "rookworld-8m")
+    ce.main(["--model_path", model, "--out", str(tmp_path / "chess.json"), "--temperature", "0.9", "--top_k", "7",
+             "--seed", "4", "--max_new_tokens", "30", "--batch_size", "8", "--device", "cpu"])
+    assert players == [("model", "tok", 0.0, 0, 4, 30, 8, "ctx"), ("model", "tok", 0.9, 7, 4, 30, 8, "ctx")]
 
 
 def test_compare_refuses_moves_judged_by_another_engine(tmp_path):
@@ -538,7 +599,8 @@ def test_compare_refuses_a_section_run_with_another_setting(tmp_path, section, m
 
 
 def test_compare_leaves_games_of_reports_without_a_skill_level_unpaired(tmp_path):
-    """A report that does not record --sf_skill (older ones) may have played random games: not paired."""
+    """A report that does not record --sf_skill (older ones) may have played random games: not paired, also beside a
+    report at Skill Level 20."""
     report = {"suite": "chess", "metrics": {"chess_sf_score": 0.5, "chess_mate_acc": 0.5},
               "values": {"chess_sf_score": [0.0, 1.0], "chess_mate_acc": [0.0, 1.0]},
               "items": {"stockfish_games": [["initial", True], ["initial", False]], "mate_in_one": ["a", "b"]}}
@@ -548,6 +610,8 @@ def test_compare_leaves_games_of_reports_without_a_skill_level_unpaired(tmp_path
     paired, unpaired = ce.compare(*paths)
     assert "chess_sf_score" not in paired and unpaired["chess_sf_score"] == (0.5, 1.0, 0.5)
     assert paired["chess_mate_acc"][:3] == (0.5, 0.5, 0.0)
+    json.dump(dict(report, settings={"sf_skill": 20}), open(paths[0], "w"))  # one of them at Skill Level 20
+    assert "chess_sf_score" not in ce.compare(*paths)[0]
 
 
 @pytest.mark.parametrize("argv,message", [

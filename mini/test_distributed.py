@@ -1,11 +1,13 @@
 """torchrun on CPU (2 gloo processes, tiny model): one step on a fixed global batch equals the step of one
 process on the same batch; a 2-process run killed with SIGKILL and resumed ends where an uninterrupted one
 does (and Trainer.run frees its DDP wrapper before the process group goes); the collective helpers answer
-by hand on two ranks; a batch that does not divide among the ranks is one sentence.
+by hand on two ranks, and in one process against a stand-in of torch.distributed; the device and the process
+group each rank takes; a batch that does not divide among the ranks is one sentence.
 
     python mini/test_distributed.py
 """
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ from mini.dataset import PoolSource, load_jsonl
 from mini.loader import load_model
 from mini.rollout import Rollout, merge_sampling
 from mini.runs import load_checkpoint
+from mini.runtime import resolve_device
 from mini.test_train import (FULL_STATE, STEPS, args, assert_same_final_state, install_scripted_reward,
                              install_test_hooks, read_jsonl, scripted_score, tiny, without_timing)  # noqa: F401 (tiny: a fixture)
 
@@ -188,6 +191,55 @@ def test_the_collectives_of_two_ranks(spawn, tmp_path):
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [want, want]
     assert (distributed.any_rank(True), distributed.any_rank(0), distributed.all_max(2.5), distributed.all_sum(4.0),
             distributed.gather("x"), distributed.from_main(7)) == (True, False, 2.5, 4.0, ["x"], 7)
+
+
+def test_collectives_reduce_a_float64_copy_and_give_back_the_callers_type(monkeypatch):
+    """all_sum and all_max against a stand-in of torch.distributed for rank 0 of two, the other rank holding
+    2**24 + 1: the reduction runs on a float64 copy, so a count past float32's 2**24 keeps its units; a number
+    comes back as a float, a tensor in its own dtype, the caller's tensor as it was."""
+    reduced = []
+
+    def all_reduce(t, op):
+        reduced.append(t.dtype)
+        other = torch.full_like(t, 2**24 + 1)
+        t.copy_(t + other if op == torch.distributed.ReduceOp.SUM else torch.maximum(t, other))
+
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    mine = torch.tensor([2.0], dtype=torch.float64)
+    assert distributed.all_sum(2.0) == 2**24 + 3 and distributed.all_max(2.0) == 2**24 + 1
+    assert distributed.all_sum(mine).tolist() == [2**24 + 3] and mine.tolist() == [2.0]
+    counts = distributed.all_sum(torch.tensor([2]))
+    assert counts.dtype == torch.int64 and counts.tolist() == [2**24 + 3] and reduced == [torch.float64] * 4
+
+
+def test_each_rank_takes_its_local_gpu_and_joins_once(monkeypatch):
+    """Under torchrun on CUDA, global rank 5 with LOCAL_RANK 1 (the second node) takes cuda:1, joins with nccl with
+    30 minutes' patience (the ranks wait while rank 0 evaluates), and the collectives put their tensors there; a
+    second setup joins no more; on a CPU gloo. Without torchrun (no RANK) the device comes back as given."""
+    joined, current = [], []
+    monkeypatch.setattr(distributed, "_device", torch.device("cpu"))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, timeout: joined.append((backend, timeout)))
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.delenv("RANK", raising=False)
+    assert distributed.setup(torch.device("cuda")) == torch.device("cuda") and joined == []
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.setup(torch.device("cuda")) == torch.device("cuda", 1) == distributed._device
+    assert joined == [("nccl", datetime.timedelta(minutes=30))] and current == [torch.device("cuda", 1)]
+    distributed.setup(torch.device("cuda"))
+    assert len(joined) == 1
+    joined.clear()
+    assert distributed.setup(torch.device("cpu")) == torch.device("cpu") == distributed._device
+    assert joined == [("gloo", datetime.timedelta(minutes=30))]
+
+
+def test_auto_device_is_cuda_where_torch_sees_it(monkeypatch):
+    """--device auto: CUDA where it is available, else the CPU; a device named is taken as named."""
+    for available, want in ((True, "cuda"), (False, "cpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        assert resolve_device("auto") == torch.device(want) and resolve_device("cpu") == torch.device("cpu")
 
 
 def test_torchrun_with_one_process_is_the_plain_run(spawn, tiny, tmp_path):

@@ -5,8 +5,8 @@
 import chess
 import pytest
 
-from mini.formats import (env_completion, env_prompt, illegal_kind, parse_env, parse_line, policy_prompt, policy_sample,
-                          position_key, repad)
+from mini.formats import (env_completion, env_prompt, illegal_kind, parse_env, parse_line, parse_policy, policy_prompt,
+                          policy_sample, position_key, repad)
 from mini.tokenizer import Tokenizer
 
 # real lines of the published RookWorld data (the P: ones from the validation file, FEN padded to 89)
@@ -88,9 +88,19 @@ ENV_CASES = [  # (fen, move, expected completion), checked by hand
     ("r3k2r/8/8/8/8/8/5r2/R3K2R w KQkq - 0 1", "e1c1", "r3k2r/8/8/8/8/8/5r2/2KR3R b kq - 1 1+0.001+0+0"),
     ("r3k2r/8/8/8/8/8/5r2/R3K2R w KQkq - 0 1", "e1g1", "r3k2r/8/8/8/8/8/5r2/R3K2R w KQkq - 0 1+-1.0+0+1"),  # through check
     ("r3k2r/8/8/8/8/8/5r2/R3K2R w KQkq - 0 1", "a1a8", "R3k2r/8/8/8/8/8/5r2/4K2R b Kk - 0 1+0.001+0+0"),  # both a-side rights go
+    # a king move takes both of its side's rights, a rook move its own, a capture-promotion on a8 Black's queen side
+    ("r3k2r/pppppppp/8/8/8/8/PPPP1PPP/R3K2R w KQkq - 5 9", "e1e2", "r3k2r/pppppppp/8/8/8/8/PPPPKPPP/R6R b kq - 6 9+0.001+0+0"),
+    ("r3k2r/pppppppp/8/8/8/8/PPPPPPP1/R3K2R w KQkq - 5 9", "h1h5", "r3k2r/pppppppp/8/7R/8/8/PPPPPPP1/R3K3 b Qkq - 6 9+0.001+0+0"),
+    ("r3k2r/1P6/8/8/8/8/8/R3K2R w KQkq - 0 40", "b7a8n", "N3k2r/8/8/8/8/8/8/R3K2R b KQk - 0 40+0.001+0+0"),
+    # the halfmove clock counts on after a knight move, restarts after a pawn move
+    ("4k3/8/8/8/8/8/4P3/4K1N1 w - - 37 60", "g1f3", "4k3/8/8/8/8/5N2/4P3/4K3 b - - 38 60+0.001+0+0"),
+    ("4k3/8/8/8/8/8/4P3/4K1N1 w - - 37 60", "e2e3", "4k3/8/8/8/8/4P3/8/4K1N1 b - - 0 60+0.001+0+0"),
     # en passant square only when a capture is legal; the capture itself
     ("rnbqkbnr/ppp1pppp/8/8/3p4/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "e2e4", "rnbqkbnr/ppp1pppp/8/8/3pP3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0"),
     (START, "e2e4", "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0"),
+    # b5xc6 en passant would bare the king on a5 to the rook on h5: a pseudo-legal capture, so no square; without the rook, c6
+    ("7k/2p5/8/KP5r/8/8/8/8 b - - 0 1", "c7c5", "7k/8/8/KPp4r/8/8/8/8 w - - 0 2+0.001+0+0"),
+    ("7k/2p5/8/KP6/8/8/8/8 b - - 0 1", "c7c5", "7k/8/8/KPp5/8/8/8/8 w - c6 0 2+0.001+0+0"),
     ("rnbqkbnr/ppp1pppp/8/8/3pP3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1", "d4e3", "rnbqkbnr/ppp1pppp/8/8/8/4p3/PPPP1PPP/RNBQKBNR w KQkq - 0 2+0.001+0+0"),
     # promotion, under-promotion (a lone knight is a draw by insufficient material), promotion piece missing
     ("8/P6k/8/8/8/8/8/K7 w - - 0 1", "a7a8q", "Q7/7k/8/8/8/8/8/K7 b - - 0 1+0.001+0+0"),
@@ -128,6 +138,20 @@ def test_env_ground_truth(fen, move, expected):
         assert position_key(next_fen) == " ".join(next_fen.split()[:4])
 
 
+def test_a_threefold_repetition_in_the_history_is_a_plain_move():
+    """The ground truth is board.outcome() without claims: the knights out and back twice bring the start position a
+    third time, which the side to move may claim (python-chess, replaying the game, agrees) but which does not end
+    the game; 0.001, not terminated."""
+    shuffle = ["g1f3", "g8f6", "f3g1", "f6g8"] * 2
+    game = chess.Board()
+    for move in shuffle[:-1]:
+        game.push_uci(move)
+    fen = game.fen()
+    game.push_uci(shuffle[-1])
+    assert game.can_claim_threefold_repetition() and game.outcome() is None
+    assert env_completion(fen, shuffle[-1], shuffle) == START.replace(" 0 1", " 8 5") + "+0.001+0+0"
+
+
 @pytest.mark.parametrize("fen,move,expected", [
     (START, "e2e4", None), (START, "e9e4", None), (START, "0000", None), (START, "Nf3", None),  # legal, not UCI
     (START, "e3e4", "from"), (START, "e7e5", "from"),  # an empty square, the opponent's pawn
@@ -148,6 +172,36 @@ def test_an_a_completion_may_space_its_fields():
     """parse_env reads fields with spaces around them, as a model may write them; the FEN stays text."""
     fen = "8/8/8/8/8/2k5/7R/K7 b - - 1 100"
     assert parse_env(f" {fen} + 0.001 +0+ 0 ") == (fen, 0.001, 0, 0) == parse_env(f"{fen}+1e-3+0+0")
+
+
+def test_parse_policy_takes_only_uci_moves():
+    """A move is UCI as python-chess writes it: a promotion to a king (e7e8k), an upper-case piece (e7e8Q) or a move
+    with text glued to it (b3b5!) makes the answer unparseable, in M: as in B:; an underpromotion (e7e8n) is a move."""
+    assert parse_policy(" M: e7e8n e7e8q E: 2.5 9.1 B: e7e8n") == (["e7e8n", "e7e8q"], [2.5, 9.1], "e7e8n")
+    for bad in ("e7e8k", "e7e8Q", "b3b5!", "b3b5q5"):
+        with pytest.raises(ValueError, match="^M: needs 1 to 5 UCI moves$"):
+            parse_policy(f" M: {bad} E: 0.0 B: b3b5")
+        with pytest.raises(ValueError, match="^B: needs exactly one UCI move$"):
+            parse_policy(f" M: b3b5 E: 0.0 B: {bad}")
+
+
+def test_a_p_lines_labels_are_checked_against_its_position():
+    """A P: text line is checked as a .jsonl record is: a B: move that is not among its M: moves (a label the reward
+    could not rank) or an M: move illegal in its position (b3a3: the rook onto its own pawn) makes a bad line."""
+    fen = parse_line(P_LINES[0]).fen
+    with pytest.raises(ValueError, match="^B: move d2e3 is not among the M: moves$"):
+        parse_line(f"P: {fen} M: b3b5 b3b7 E: -0.8 -1.13 B: d2e3")
+    with pytest.raises(ValueError, match="^move b3a3 is illegal in the position$"):
+        parse_line(f"P: {fen} M: b3b5 b3a3 E: -0.8 0.0 B: b3b5")
+
+
+def test_a_p_lines_completion_is_its_own_text():
+    """A P: line's reference completion is the line's text from M: on, as written (compact, an eval written 0), not
+    rewritten to the generator's widths; its labels are read from that text."""
+    fen = parse_line(P_LINES[0]).fen
+    s = parse_line(f"P: {fen} M: b3b5 b3b7 E: -0.8 0 B: b3b5")
+    assert s.completion == " M: b3b5 b3b7 E: -0.8 0 B: b3b5"
+    assert (s.moves, s.evals, s.best) == (["b3b5", "b3b7"], [-0.8, 0.0], "b3b5")
 
 
 def test_an_a_line_is_labelled_by_python_chess():
@@ -191,6 +245,8 @@ def test_position_key_writes_en_passant_as_python_chess_does():
     # a capture there is legal (e5xf6): the square is part of the position
     assert position_key("rnbqkbnr/ppppp1pp/8/4Pp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6 0 3") == \
         "rnbqkbnr/ppppp1pp/8/4Pp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6"
+    # a capture there is pseudo-legal only (b5xc6 would bare the king on a5 to the rook): not part of the position
+    assert position_key("7k/8/8/KPp4r/8/8/8/8 w - c6 0 2") == "7k/8/8/KPp4r/8/8/8/8 w - -"
 
 
 if __name__ == "__main__":

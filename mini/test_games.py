@@ -7,7 +7,9 @@ self-play sources that refresh with the weights and a new seed each time.
 import random
 
 import chess
+import chess.engine
 import pytest
+import torch
 
 import mini.chess_eval as ce
 import mini.games as gm
@@ -16,6 +18,7 @@ from mini.dataset import ReplayBuffer
 from mini.formats import policy_prompt, policy_sample
 from mini.positions import random_env_sample
 from mini.selfplay import SelfPlaySource
+from mini.test_chess_eval import answering, first_legal
 from mini.test_selfplay import needs_stockfish
 from mini.test_train import tiny_gpt
 from mini.tokenizer import Tokenizer
@@ -131,7 +134,7 @@ def test_selfplay_summary_and_means_by_hand():
                                           "chess_selfplay_end_illegal": 2 / 4, "chess_selfplay_end_max_plies": 1 / 4}
     assert gm.selfplay_values(games) == {"chess_selfplay_plies": [1.0, 30.0, 2.0, 40.0],
                                          "chess_selfplay_legal_end": [0.0, 1.0, 0.0, 0.0]}
-    assert gm.mean([1.0, None, 4.0]) == 2.5 and gm.mean([]) != gm.mean([])
+    assert gm.mean([1.0, None, 4.0]) == 2.5 and gm.mean([0.0, None, 3.0]) == 1.5 and gm.mean([]) != gm.mean([])
 
 
 def test_model_player_is_seeded(tmp_path):
@@ -140,6 +143,44 @@ def test_model_player_is_seeded(tmp_path):
     prompts = [policy_prompt(chess.STARTING_FEN)] * 4
     texts = {seed: gm.model_player(model, tok, temperature=1.0, seed=seed, max_new_tokens=6)(prompts) for seed in (1, 2)}
     assert gm.model_player(model, tok, temperature=1.0, seed=1, max_new_tokens=6)(prompts) == texts[1] != texts[2]
+
+
+def test_model_player_passes_its_settings_to_generation(monkeypatch):
+    """Every setting of a player reaches complete_texts: its length, batch size, autocast, temperature, top-k, and
+    a generator seeded by its seed."""
+    seen = []
+    monkeypatch.setattr(gm, "complete_texts", lambda *a, **kw: seen.append((a, kw)) or ["answer"] * len(a[2]))
+    model = torch.nn.Linear(1, 1)
+    assert gm.model_player(model, "tok", 0.7, 5, 3, 20, 16, "ctx")(["p1", "p2"]) == ["answer", "answer"]
+    (args, kw), = seen
+    assert args == (model, "tok", ["p1", "p2"], 20, 16, "ctx") and (kw["temperature"], kw["top_k"]) == (0.7, 5)
+    assert kw["generator"].initial_seed() == 3
+
+
+def test_in_batches_answers_every_prompt_in_order():
+    """Chunks of batch_size and a shorter last one, each prompt answered once, the answers in the prompts' order."""
+    chunks = []
+
+    def echo(prompts):
+        chunks.append(len(prompts))
+        return [p.upper() for p in prompts]
+    assert gm.in_batches(echo, list("abcde"), batch_size=2) == list("ABCDE") and chunks == [2, 2, 1]
+
+
+def test_quick_metrics_mates_greedily_and_plays_sampled_games_to_the_cap(monkeypatch):
+    """--eval_chess: mate in one on the first n_mates positions with the greedy player (here it mates), self-play
+    with the sampler (here the first legal move, which never ends a game in 3 plies) up to max_plies."""
+    mates = {r["fen"]: r["mates"][0] for r in gm.load_mates(n=3)}
+    asked = []
+
+    def player(model, tok, temperature, top_k, seed, max_new_tokens, autocast=None):
+        if temperature == 0:  # greedy: the mate where there is one, else no move
+            return lambda prompts: asked.extend(prompts) or [f" B: {mates.get(p[3:].strip(), 'none')}" for p in prompts]
+        return answering(first_legal)
+    monkeypatch.setattr(gm, "model_player", player)
+    m = gm.quick_metrics("model", "tok", n_mates=3, n_games=2, max_plies=3)
+    assert len(asked) == 3 and (m["chess_mate_acc"], m["chess_mate_illegal"]) == (1.0, 0.0)
+    assert (m["chess_selfplay_plies"], m["chess_selfplay_end_max_plies"], m["chess_selfplay_legal_end"]) == (3.0, 1.0, 0.0)
 
 
 def test_selfplay_player_samples_at_its_settings(tmp_path, monkeypatch):
@@ -164,6 +205,56 @@ def test_stockfish_and_arbiter_values_by_hand():
         "chess_arbiter_all": [1.0, 0.0, 0.0], "chess_arbiter_next_fen": [1.0, 1.0, 0.0],
         "chess_arbiter_reward": [1.0, 1.0, 0.0], "chess_arbiter_terminated": [1.0, 0.0, 0.0],
         "chess_arbiter_truncated": [1.0, 0.0, 0.0]}
+
+
+class ScriptedEngine:
+    """Stockfish's stand-in in stockfish_games: plays line[ply] while the line lasts, then the first legal move in
+    UCI order; records its options, the half-moves it was asked at and its search limits."""
+
+    def __init__(self, line):
+        self.line, self.options, self.asked, self.limits, self.closed = line, {}, [], [], False
+
+    def configure(self, options):
+        self.options.update(options)
+
+    def play(self, board, limit, game=None):
+        ply = board.ply()
+        self.asked.append(ply)
+        self.limits.append(limit)
+        return chess.engine.PlayResult(chess.Move.from_uci(self.line[ply] if ply < len(self.line) else
+                                                           first_legal(board)), None)
+
+    def quit(self):
+        self.closed = True
+
+    def close(self):
+        pass
+
+
+def test_stockfish_games_by_hand_with_a_scripted_engine(monkeypatch):
+    """Both sides play the fool's mate: as White the player is mated on half-move 4 (0), as Black it mates (1).
+    The engine moves only for the other colour, at the Skill Level and node limit asked for. From the Ruy Lopez the
+    half-move cap and the plies count from the opening's position; an illegal answer loses for either colour."""
+    engines = []
+    monkeypatch.setattr(ce, "find_stockfish", lambda path: "sf")
+    monkeypatch.setattr(ce, "open_engine", lambda path, deadline: engines.append(ScriptedEngine(FOOLS_MATE.split()))
+                        or engines[-1])
+    games = ce.stockfish_games(scripted(FOOLS_MATE.split()), 2, skill=3, nodes=77, max_plies=10)
+    assert [(g["white"], g["end"], g["score"], g["plies"], g["moves"]) for g in games] == [
+        (True, "checkmate", 0.0, 4, FOOLS_MATE.split()), (False, "checkmate", 1.0, 4, FOOLS_MATE.split())]
+    engine = engines[0]
+    assert engine.asked == [0, 1, 2, 3] and engine.closed  # its colour only: White in game 1, Black in game 0
+    assert engine.options == {"Threads": 1, "Skill Level": 3}
+    assert all(limit == chess.engine.Limit(nodes=77) for limit in engine.limits)
+    games = ce.stockfish_games(answering(first_legal), 4, max_plies=2)
+    ruy = gm.opening_board("ruy_lopez")
+    ruy.push_uci(first_legal(ruy))
+    assert [(g["start"], g["end"], g["score"], g["plies"]) for g in games] == [
+        ("initial", "max_plies", 0.5, 2), ("initial", "max_plies", 0.5, 2),
+        ("ruy_lopez", "max_plies", 0.5, 2), ("ruy_lopez", "max_plies", 0.5, 2)]
+    assert games[2]["moves"] == games[3]["moves"] == [ruy.peek().uci(), first_legal(ruy)]
+    games = ce.stockfish_games(lambda prompts: [" B: a1a1"] * len(prompts), 2)
+    assert [(g["end"], g["score"], g["plies"]) for g in games] == [("illegal", 0.0, 0), ("illegal", 0.0, 1)]
 
 
 def recording_player(calls):

@@ -77,6 +77,13 @@ def test_the_rolling_window_is_a_tenth_of_the_longest_run():
     assert plots.training_figure(runs).axes[0].get_title() == "reward, rolling mean of 4"
 
 
+def test_a_short_run_is_not_smoothed_and_says_so():
+    """Under 15 steps the rolling window is 1: the reward panel draws the values alone and its title claims no
+    rolling mean."""
+    fig = plots.training_figure({"solo": [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 15)]})
+    assert titles(fig) == ["reward"] and len(fig.axes[0].get_lines()) == 1
+
+
 def test_absent_keys_are_skipped_and_one_run_labels_by_key():
     fig = plots.training_figure({"solo": [{"step": s, "kl": 0.1, "clip_frac": 0.0, "zero_var_share": 0.5}
                                           for s in (1, 2)]})
@@ -101,6 +108,30 @@ def test_held_out_figure_has_a_panel_per_metric():
     assert line_labels(fig.axes[0]) == ["run-a", "run-b"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([0.4] * 4)  # steps 5, 10, 15, 20
     assert titles(plots.held_out_figure(runs, "chess_", "chess")) == ["chess_mate_acc", "chess_selfplay_plies"]
+
+
+def test_a_figure_is_as_wide_as_its_panels_and_has_a_row_for_the_last_few():
+    """Two panels make a figure two panels wide, not four; six held-out metrics in rows of five take two rows
+    (the sixth alone on the second)."""
+    two = plots.training_figure({"solo": [{"step": 1, "kl": 0.1, "entropy": 1.0}]})
+    assert tuple(two.get_size_inches()) == pytest.approx((2 * 4.2, 2.9))
+    six = plots.held_out_figure({"solo": [{"step": 5, **{f"eval_m{i}": 0.1 * i for i in range(6)}}]}, "eval_", "x")
+    assert len(six.axes) == 6 and tuple(six.get_size_inches()) == pytest.approx((5 * 3.2, 2 * 2.4))
+    assert [ax.get_subplotspec().rowspan.start for ax in six.axes] == [0, 0, 0, 0, 0, 1]
+
+
+def test_other_timed_phases_are_stacked_after_the_steps_phases():
+    """A timed phase train.py adds (time_eval) goes on top of the step's phases, which keep their step order."""
+    rows = [{"step": 1, "time_eval": 5.0, "time_update": 1.0, "time_generate": 2.0, "time_score": 0.5}]
+    legend = plots.training_figure({"solo": rows}).axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["time_generate", "time_score", "time_update", "time_eval"]
+
+
+def test_compare_bars_writes_a_bare_file_name_to_the_current_folder(tmp_path, monkeypatch):
+    """`evaluate.py --compare a.json b.json --plot compare.png`: a path without a folder is written where it runs."""
+    monkeypatch.chdir(tmp_path)
+    plots.compare_bars({"eval_reward": (0.1, 0.2, 0.1, 0.05, 0.15, 10)}, "compare.png")
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_compare_bars(tmp_path):
@@ -151,6 +182,19 @@ def test_held_out_points_sit_at_their_steps_and_overlaid_runs_differ_in_colour()
     time_ax = plots.training_figure({"solo": rows}).axes[-1]
     top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band's outline: x at steps 2 and 7 only
     assert sorted(set(top[:, 0].round(6))) == [2.0, 7.0] and top[:, 1].max() == pytest.approx(6.0)
+
+def test_a_null_a_string_or_a_true_is_no_value_in_any_panel():
+    """A hand-edited metrics.jsonl: a true is not drawn as 1, and a null or a string among the seconds of a phase
+    counts as no seconds in the stack, not a traceback (analyze_metrics.py reads such files)."""
+    rows = [{"step": 1, "kl": True, "time_generate": 1.0, "time_update": None},
+            {"step": 2, "kl": 0.5, "time_generate": "x", "time_update": 2.0},
+            {"step": 3, "kl": None, "time_generate": 3.0, "time_update": 4.0}]
+    assert plots.series(rows, "kl") == ([2], [0.5])
+    kl, time_ax = plots.training_figure({"solo": rows}).axes
+    assert list(kl.get_lines()[0].get_xdata()) == [2]
+    top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band: from generate's 1, 0, 3 to totals 1, 2, 7
+    assert {tuple(v) for v in top.tolist()} == {(1.0, 1.0), (2.0, 0.0), (3.0, 3.0), (3.0, 7.0), (2.0, 2.0)}
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

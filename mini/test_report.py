@@ -39,7 +39,9 @@ def test_dashboard_scalars_group_and_skip():
 def test_markdown_table_keeps_a_completion_in_its_cell():
     lines = markdown_table(SAMPLES).splitlines()
     assert len(lines) == 4 and lines[0] == "| step | task | prompt | completion | reward |"
+    assert lines[1] == "|---|---|---|---|---|"  # a separator cell per column, or markdown shows no table
     assert "M: a1a2 \\| b B: a1a2" in lines[2] and lines[2].endswith("| 0.600 |")
+    assert markdown_table([{"step": 3, "task": "A"}]).splitlines()[2] == "| 3 | A |  |  |  |"  # a missing cell is empty
 
 
 def test_tensorboard_event_file(tmp_path):
@@ -107,17 +109,24 @@ def test_tensorboard_closes_before_its_first_step_and_after_a_rewind(tmp_path):
 
 
 class FakeWandb:
-    """wandb's init, log and finish, recorded: which run got which step."""
+    """wandb's init, log, finish and Table, recorded: which run got which settings, steps and rows (a Table as
+    its rows of {column: value}); with `error`, init raises it, as wandb does without a login."""
 
-    def __init__(self):
-        self.runs = []
+    def __init__(self, error=None):
+        self.runs, self.error = [], error
 
     def init(self, name, group, **kw):
-        run = types.SimpleNamespace(name=name, group=group, steps=[], finished=False)
-        run.log = lambda row, step: run.steps.append(step)
+        if self.error:
+            raise self.error
+        run = types.SimpleNamespace(name=name, group=group, settings=kw, steps=[], rows=[], finished=False)
+        run.log = lambda row, step: (run.steps.append(step), run.rows.append(row))
         run.finish = lambda: setattr(run, "finished", True)
         self.runs.append(run)
         return run
+
+    @staticmethod
+    def Table(columns, data):
+        return [dict(zip(columns, values)) for values in data]
 
 
 def test_wandb_rewind_goes_on_in_a_new_run_of_the_group(tmp_path, monkeypatch):
@@ -133,6 +142,30 @@ def test_wandb_rewind_goes_on_in_a_new_run_of_the_group(tmp_path, monkeypatch):
     r.close()
     assert [(run.name, run.group, run.steps, run.finished) for run in fake.runs] == [
         ("demo", "demo", [1, 2, 3], True), ("demo-from-1", "demo", [2, 3], True)]
+
+
+def test_wandb_run_takes_the_project_its_folder_the_config_and_the_samples(tmp_path, monkeypatch):
+    """WANDB_PROJECT names the project (rookworld-grpo-mini without it); a W&B run writes under its run directory
+    with the run's config; the completions table holds each sample's values under their own columns."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    make_reporter("wandb", str(tmp_path / "a"), {"lr": 2e-5}).close()
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    make_reporter("wandb", str(tmp_path / "b"), {}).log_samples(2, SAMPLES)
+    assert [run.settings for run in fake.runs] == [
+        {"project": "rookworld-grpo-mini", "dir": str(tmp_path / "a"), "config": {"lr": 2e-5}},
+        {"project": "mine", "dir": str(tmp_path / "b"), "config": {}}]
+    assert fake.runs[1].rows == [{"completions": SAMPLES}] and fake.runs[1].steps == [2]
+
+
+def test_wandb_that_cannot_start_is_one_sentence(tmp_path, monkeypatch):
+    """wandb.init's own error (no API key, no network) becomes one sentence saying what to do, at construction."""
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb(error=RuntimeError("api_key not configured (no-tty).\n")))
+    with pytest.raises(ValueError) as e:
+        make_reporter("wandb", str(tmp_path), {})
+    assert str(e.value) == ("--report_to wandb could not start (api_key not configured (no-tty)); run `wandb login` "
+                            "or set WANDB_MODE=offline")
 
 
 @pytest.mark.parametrize("kind,module", [("tensorboard", "torch.utils.tensorboard"), ("wandb", "wandb")])

@@ -133,6 +133,16 @@ def test_graduated_levels_and_components():
     assert score(p, p.completion.replace("B: b3b5", "B: b3b7"), "graduated")[0] == 0.8
 
 
+def test_graduated_shaping_gives_a_raw_of_one_quarter_its_level_despite_rounding():
+    """raw = (5 * 0 + 3 * 0.7 + 2 * 0.2) / 10 is one quarter, which floats compute as 0.24999999999999994: graduated
+    shaping gives it the first quarter's level 0.4 (the continuous 0.2 + 0.8 * 0.25), not 0.2. Four labelled moves
+    each said 4 pawns too high (1 / (1 + 4) = 0.2), one illegal candidate ((4 - 0.5) / 5 = 0.7), an illegal best."""
+    s = policy_sample(chess.STARTING_FEN, ["e2e4", "d2d4", "g1f3", "c2c4", "g2g3"], [0.5, 0.25, 0.0, -0.5, -1.0])
+    reward, comps = score(s, " M: e2e4 d2d4 g1f3 c2c4 e1e2 E: 4.5 4.25 4.0 3.5 0.0 B: e1e2", "graduated")
+    assert (comps["best"], comps["candidates"], comps["evals"]) == (0.0, 0.7, 0.2)
+    assert comps["raw"] == pytest.approx(0.25) and reward == 0.4
+
+
 def test_strict_scores_an_illegal_best_move_as_unparseable():
     s, a = parse_line(P_LINES[0]), parse_line(A_LINES[0])  # P: top 5 b3b5 b3b7 b3b4 b3f3 b3b1, white to move
     illegal_best = s.completion.replace("B: b3b5", "B: b3a3")  # onto its own pawn, the rest exact

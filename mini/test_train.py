@@ -33,6 +33,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import torch
 
 import mini.reward_scorer as reward_scorer
+import mini.runtime as runtime
 import mini.train as train
 from mini.autobatch import find_batch_size, optimizer_state_bytes, probe_peak_memory, run_to_the_limit
 from mini.config import Config
@@ -574,6 +575,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE_WITH_A_SIGNAL = """
 import os, signal
 import pytest
+import mini.runtime as runtime
 import mini.train as train
 from mini.test_train import args, tiny  # noqa: F401
 
@@ -772,6 +774,15 @@ def test_peak_memory_on_cpu_is_the_process_high_water_mark_in_mib():
     """On a CPU, peak_mem_mb is the process's resident high-water mark (Linux: VmHWM in kB) in MiB."""
     hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     assert peak_memory_mb(torch.device("cpu")) == pytest.approx(hwm_kb / 1024, rel=0.05)
+
+
+def test_free_memory_on_cpu_is_mem_available_in_bytes(monkeypatch):
+    """On a CPU, free memory is /proc/meminfo's MemAvailable (KiB) in bytes; without that line, unknown (None)."""
+    meminfo = "MemTotal:       8000 kB\nMemFree:         100 kB\nMemAvailable:   3000 kB\n"
+    monkeypatch.setattr(runtime, "open", lambda path: io.StringIO(meminfo), raising=False)
+    assert runtime.free_memory_bytes(torch.device("cpu")) == 3000 * 1024
+    meminfo = "MemTotal:       8000 kB\n"
+    assert runtime.free_memory_bytes(torch.device("cpu")) is None
 
 
 def test_optimizer_groups():
