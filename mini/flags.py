@@ -69,7 +69,7 @@ def problems(values, checks=None):
         elif name in checks and value is not None and not checks[name][0](value):
             out.append(f"--{name} {value} must be {checks[name][1]}")
     v = values.get
-    if v("device"):
+    if v("device") is not None:  # "" too: torch.device("") would fail later with a traceback
         out.append(device_problem(v("device")))
     if v("data_file") and v("data_source") in ("pool", "generate", "selfplay"):
         out.append(f"--data_file is read only with --data_source file (not {v('data_source')}); add that or drop --data_file")
@@ -118,7 +118,8 @@ def problems(values, checks=None):
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")
-    shaped = [f"--{k} {v(k)}" for k in ("n_layer", "n_head", "n_embd") if v(k) not in (None, FIELDS[k].default)]
+    shaped = [f"--{k} {v(k)}" for k in ("n_layer", "n_head", "n_embd", "n_positions")
+              if v(k) not in (None, FIELDS[k].default)]
     if shaped and v("model_path") not in (None, "", "scratch"):  # else the flags would be ignored
         out.append(f"{', '.join(shaped)}: the shape of a model built from scratch (--model_path scratch); the "
                    f"snapshot {v('model_path')} keeps its own (sft.py deepens one with --grow_layers)")

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mini.config import SHIPPED_MODEL
-from mini.flags import looks_like_path
+from mini.flags import error_sentence, looks_like_path
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 
@@ -145,15 +145,28 @@ def read_state_dict(path):
     for file, load in ((st, load_file), (pt, lambda f: torch.load(f, map_location="cpu", weights_only=True))):
         if os.path.exists(file):
             try:
-                return load(file)
+                state = load(file)
             except Exception as e:  # truncated, corrupt, or pickled objects: never run code from it
                 raise LoadError(f"{file} cannot be read ({type(e).__name__}); it is damaged, download or save the "
                                 "snapshot again") from None
+            if not (isinstance(state, dict) and all(isinstance(k, str) and isinstance(w, torch.Tensor)
+                                                    for k, w in state.items())):  # a .bin may pickle a list, a number
+                kind = "a dict of other things" if isinstance(state, dict) else f"a {type(state).__name__}"
+                raise LoadError(f"{file} holds {kind}, not weight tensors by name; it is not a GPT-2 checkpoint, "
+                                "download or save the snapshot again")
+            return state
     raise LoadError(f"{path} has no model.safetensors or pytorch_model.bin; the snapshot is incomplete, download it again")
 
 
 def load_model(name_or_path, device="cpu"):
     """(GPT in eval mode with fp32 weights, Tokenizer) from a hub id or a snapshot directory."""
+    try:
+        return read_snapshot(name_or_path, device)
+    except OSError as e:  # a folder, or a file that cannot be read, where a snapshot file should be
+        raise LoadError(error_sentence(e)) from None
+
+
+def read_snapshot(name_or_path, device):
     path = resolve_snapshot(name_or_path)
     for name in SNAPSHOT_FILES:
         if os.path.exists(os.path.join(path, name)):

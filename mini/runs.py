@@ -21,6 +21,7 @@ import json
 import math
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import socket
@@ -157,6 +158,8 @@ def load_checkpoint(path):
         raise ValueError(f"{path} cannot be read ({type(e).__name__}); it is damaged") from None
     except Exception as e:
         raise ValueError(f"{path} cannot be read ({type(e).__name__}); it is damaged") from None
+    if not isinstance(state, dict):  # a torch file of a tensor, a list, a number
+        raise ValueError(f"{path} is not a checkpoint of mini/train.py (it holds a {type(state).__name__}, not a dict)")
     missing = {"model", "optimizer", "step", "config", "run_name", "rng"} - set(state)
     if missing:
         raise ValueError(f"{path} lacks {sorted(missing)}; it is not a checkpoint of mini/train.py")
@@ -310,10 +313,12 @@ class RunDir:
         self.created = False
 
     def file(self, name):
-        return os.path.join(self.path, name)
+        """The path of `name` here; a name with a * is a pattern for glob.glob, the run's own path taken literally
+        (a --run_name or --log_dir such as exp[1])."""
+        return os.path.join(glob.escape(self.path) if "*" in name else self.path, name)
 
     def checkpoint(self, name):
-        return os.path.join(self.ckpt_dir, name)
+        return os.path.join(glob.escape(self.ckpt_dir) if "*" in name else self.ckpt_dir, name)
 
     # --- owning the directory
     def contains(self, path):
@@ -334,9 +339,12 @@ class RunDir:
                 raise RunError(f"{self.path} already holds a run; " + ("continue it with --auto_resume, or " if resumable
                                else "") + "start afresh with --overwrite (the old run is moved aside, not deleted), "
                                "or pick another --run_name")
-            aside = aside_name(self.path, time.strftime("%Y%m%d-%H%M%S"))
             with self.directory_locked():  # no other process takes the run between the check and the move
                 self.take_lock_unserialised()  # not while another process trains there
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                aside, n = aside_name(self.path, stamp), 1
+                while os.path.lexists(aside):  # a run moved aside within the same second
+                    aside, n = aside_name(self.path, f"{stamp}-{n}"), n + 1
                 os.remove(self.lock)
                 os.rename(self.path, aside)
             print(f"moved the earlier run to {aside}", file=sys.stderr)
@@ -427,6 +435,8 @@ class RunDir:
         try:
             with open(self.lock) as f:
                 pid, host = f.read().split()
+            if not 0 < int(pid) < 2**31:  # no process has it (0 and -1 would signal a group, a larger one overflow)
+                raise ValueError(pid)
             return int(pid), host
         except (OSError, ValueError):
             return None, None
@@ -470,7 +480,19 @@ class RunDir:
         checkpoints of later steps are removed: --auto_resume would continue from them, and pruning would
         keep them over the ones written next. A recovery.pt of a later step goes too, and a stable.pt of a later
         step (the abandoned branch's best held-out model, which --auto_resume would take as the newest state)
-        moves to abandoned/stable_step_<step>.pt, where --auto_resume does not look."""
+        moves to abandoned/stable_step_<step>.pt, where --auto_resume does not look. A damaged log stops it before
+        anything is removed or moved."""
+        logs = {}
+        for name in STEP_LOGS:
+            path = self.file(name)
+            if os.path.exists(path):
+                try:
+                    rows = read_rows(path)
+                    if not all(isinstance(r, dict) and type(r.get("step")) is int for r in rows):
+                        raise ValueError(f"{path}: a row without its step; the log is damaged")
+                except ValueError as e:
+                    raise RunError(f"{e}: restore it, or move the run aside with --overwrite") from None
+                logs[path] = rows
         for path in glob.glob(self.checkpoint("step_*.pt")):
             if checkpoint_step(path) > step:
                 remove_checkpoint(path)
@@ -486,14 +508,8 @@ class RunDir:
                     os.replace(stable + suffix, aside + suffix)
             print(f"{stable} holds a step after {step}, of the run before it went back: moved to {aside}",
                   file=sys.stderr)
-        for name in STEP_LOGS:
-            path = self.file(name)
-            if os.path.exists(path):
-                try:
-                    rows = read_rows(path)
-                except ValueError as e:
-                    raise RunError(f"{e}: restore it, or move the run aside with --overwrite") from None
-                write_text(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
+        for path, rows in logs.items():
+            write_text(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
     def save_config(self, cfg):
         write_text(self.file("config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
@@ -715,5 +731,5 @@ class Resumable:
         self.log(f"{name or 'a signal to another rank'}: saving checkpoint at step {self.step}...")
         self.save_regular()
         launch = f"torchrun --nproc_per_node {self.world}" if self.world > 1 else "python"
-        raise StopRun(f"saved; resume with: {launch} mini/train.py --log_dir {self.cfg.log_dir} "
-                      f"--run_name {self.run_dir.name} --auto_resume", signal_exit_code(name))
+        raise StopRun(f"saved; resume with: {launch} mini/train.py --log_dir {shlex.quote(self.cfg.log_dir)} "
+                      f"--run_name {shlex.quote(self.run_dir.name)} --auto_resume", signal_exit_code(name))

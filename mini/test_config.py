@@ -4,6 +4,7 @@ over random flag combinations (each one starts, or exits with one line).
 
     python mini/test_config.py
 """
+import dataclasses
 import json
 import os
 import random
@@ -18,7 +19,8 @@ import mini.evaluate as evaluate
 import mini.sft as sft
 import mini.train as train
 from mini.config import POOL_PATH, Config
-from mini.flags import device_problem, parse_args
+import mini.flags as flags
+from mini.flags import device_problem, parse_args, wrong_types
 from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 
@@ -43,6 +45,7 @@ BAD = [
     (["--micro_batch_size", "100"], "--micro_batch_size 100 is larger than the batch of --batch_size x --k_samples = 64"),
     (["--device", "cuda"], "sees no CUDA device; use --device cpu"),
     (["--device", "gpu"], "--device 'gpu' must be auto, cpu, cuda or cuda:N"),
+    (["--device", ""], "--device '' must be auto, cpu, cuda or cuda:N"),  # else torch.device("") at start: a traceback
     (["--data_file", "x.txt"], "--data_file is read only with --data_source file (not pool)"),
     (["--data_source", "selfplay", "--data_file", "x.txt"], "--data_file is read only with --data_source file (not selfplay)"),
     (["--data_source", "file"], "--data_source file needs --data_file PATH"),
@@ -114,6 +117,8 @@ def test_the_same_checks_serve_every_script(capsys, monkeypatch):
     assert "--new_tokens 1 must be at least 2" in one_line_exit(capsys, bench.main, ["sampler", "--new_tokens", "1"])
     assert "--n_layer 2: the shape of a model built from scratch" in one_line_exit(  # else ignored
         capsys, sft.main, ["--model_path", "mini/data/rookworld-10m", "--n_layer", "2"])
+    assert "--n_positions 512: the shape of a model built from scratch" in one_line_exit(  # else ignored too
+        capsys, lambda a: parse_args(a, script="sft"), ["--model_path", "mini/data/rookworld-10m", "--n_positions", "512"])
     assert "the sampler mode would ignore it" in one_line_exit(
         capsys, bench.main, ["sampler", "--model_path", "mini/data/rookworld-10m"])
 
@@ -206,6 +211,8 @@ def test_help_shows_every_default_and_only_the_script_flags(capsys):
     assert not any(f in text for f in ("--k_samples", "--clip_eps_low", "--kl_coef", "--kl_type"))
     assert "\n  --n_layer" not in help_text(capsys, train.main)
     assert "--bf16, --no_bf16" in text
+    text = " ".join(help_text(capsys, evaluate.main).split())  # a Config flag without its own help borrows the field's
+    assert "--max_new_tokens MAX_NEW_TOKENS longest completion; P: needs ~66 tokens, A: ~58 (default: 96)" in text
 
 
 # ----------------------------------------------------------------------------- boundaries, by hand
@@ -246,8 +253,16 @@ EDGES = [
     ("train", "--selfplay_temperature", ["1e-6"], ["0"]),
     ("train", "--weight_decay", ["0"], ["-0.01"]),
     ("train", "--time_limit_min", ["0"], ["-0.5"]),
+    ("train", "--policy_sft_batch", ["1"], ["0"]),
+    ("train", "--dynamic_sampling_max_rounds", ["1"], ["0"]),
+    ("train", "--selfplay_refresh", ["1"], ["0"]),
+    ("train", "--engine_nodes", ["0"], ["-1"]),
+    ("train", "--grad_clip", ["0"], ["-0.01"]),
+    ("train", "--warmup_steps", ["0"], ["-1"]),
+    ("train", "--eval_every", ["0"], ["-1"]),
     ("sft", "--n_positions", ["160"], ["159"]),
     ("sft", "--n_layer", ["1"], ["0"]),
+    ("sft", "--n_head", ["1"], ["0"]),
     ("sft", "--grow_layers", ["0"], ["-1"]),
 ]
 
@@ -256,7 +271,8 @@ EDGES = [
 def test_every_range_holds_its_edges_and_refuses_one_step_beyond(capsys, script, flag, good, bad):
     """Off-by-one bounds (< for <=, an open interval for a closed one): the edge value parses to itself, the
     value just outside is one line naming the flag."""
-    shape = ["--model_path", "scratch"] if flag in ("--n_layer", "--n_head", "--n_embd") else []  # else refused
+    shaped = flag in ("--n_layer", "--n_head", "--n_embd", "--n_positions")  # a snapshot's shape is its own
+    shape = ["--model_path", "scratch"] if shaped else []  # else refused
     for value in good:
         parsed = parse_args([flag, value] + shape, script=script)
         assert getattr(parsed, flag[2:]) == type(getattr(Config(), flag[2:]))(value)
@@ -285,6 +301,29 @@ def test_edges_of_the_combination_checks_pass(monkeypatch):
     assert parse_args(["--run_name", "x" * 255]).run_name == "x" * 255
     assert parse_args(["--run_name", "a.b", "--recovery_mode"]).recovery_mode
     assert parse_args(["--model_path", "owner/no-such-model"]).model_path == "owner/no-such-model"
+    assert [parse_args(["--device", d]).device for d in ("cpu", "auto")] == ["cpu", "auto"]
+
+
+def test_a_saved_setting_is_checked_as_its_flag():
+    """A run's config.json is checked as its flags are: JSON's true is no step count (Python counts it as 1), and
+    every default, null for the switch the device decides (--shared_prefix_decode) included, is a value a flag gives."""
+    assert wrong_types({"steps": True, "seed": False}) == ["--steps true must be a whole number",
+                                                           "--seed false must be a whole number"]
+    assert wrong_types(dataclasses.asdict(Config())) == []
+    assert wrong_types({"shared_prefix_decode": True}) == wrong_types({"bf16": False}) == []
+
+
+def test_a_missing_held_out_file_stops_at_parse_time(capsys, monkeypatch, tmp_path):
+    """mini/data/eval.jsonl (read by --eval_every) and mate_in_one.jsonl (by --eval_chess) deleted: one line before
+    the model loads, not an error at the first evaluation; needed only by the flags that read them."""
+    monkeypatch.setattr(flags, "EVAL_PATH", str(tmp_path / "eval.jsonl"))
+    monkeypatch.setattr(flags, "MATE_PATH", str(tmp_path / "mate_in_one.jsonl"))
+    err = one_line_exit(capsys, parse_args, [])
+    assert f"{tmp_path / 'eval.jsonl'} is missing (a shipped held-out file, read by --eval_every)" in err, err
+    assert parse_args(["--eval_every", "0"]).eval_every == 0
+    (tmp_path / "eval.jsonl").write_text("")
+    err = one_line_exit(capsys, parse_args, ["--eval_chess"])
+    assert f"{tmp_path / 'mate_in_one.jsonl'} is missing (a shipped held-out file, read by --eval_chess)" in err, err
 
 
 def test_batch_size_must_divide_among_torchrun_processes(capsys, monkeypatch):

@@ -94,6 +94,35 @@ def test_a_pytorch_bin_that_runs_code_is_refused_unrun(snapshot, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("held, kind", [("list", "a list"), ("tensor", "a Tensor"), ("number", "a dict of other things"),
+                                        ("nested", "a dict of other things")])
+def test_a_pytorch_bin_of_anything_but_named_tensors_is_a_load_error(snapshot, tmp_path, held, kind):
+    """torch.load(weights_only=True) also returns lists, bare tensors, numbers and nested dicts: each a LoadError
+    naming the file, where `.items()` or `w.shape` was a traceback."""
+    _, path = snapshot
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        os.link(os.path.join(path, f), tmp_path / f)
+    state = load_file(os.path.join(path, "model.safetensors"))
+    obj = {"list": list(state.values()), "tensor": state["transformer.wte.weight"],
+           "number": {**state, "transformer.wte.weight": 5}, "nested": {"state_dict": state}}[held]
+    torch.save(obj, tmp_path / "pytorch_model.bin")
+    with pytest.raises(LoadError, match=f"pytorch_model.bin holds {kind}, not weight tensors by name; it is not a GPT-2"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json", "merges.txt"])
+def test_a_snapshot_file_that_is_a_folder_is_a_load_error(snapshot, tmp_path, name):
+    """A folder (or a file that cannot be read) where a snapshot file should be: one sentence naming it, where
+    open() raised an IsADirectoryError past every script's handler."""
+    _, path = snapshot
+    copy = tmp_path / "model"
+    shutil.copytree(path, copy)
+    os.remove(copy / name)
+    (copy / name).mkdir()
+    with pytest.raises(LoadError, match=f"^{copy / name}: is a directory; check the path$"):
+        load_model(str(copy))
+
+
 def test_clear_errors(snapshot, tmp_path):
     _, path = snapshot
     with pytest.raises(LoadError, match="does not exist"):
@@ -111,6 +140,12 @@ def test_clear_errors(snapshot, tmp_path):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text('{"n_layer": 2,')  # cut off
     with pytest.raises(LoadError, match=rf"^{tmp_path / 'config.json'} is damaged \(not JSON\)"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("[" * 100000)  # json's parser recurses
+    with pytest.raises(LoadError, match=rf"^{tmp_path / 'config.json'} is damaged \(JSON nested too deeply\)"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "n_layer"}))
+    with pytest.raises(LoadError, match=rf"^{tmp_path / 'config.json'} lacks 'n_layer'; it does not describe a GPT-2"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "model.safetensors").write_bytes(open(os.path.join(path, "model.safetensors"), "rb").read()[:1000])

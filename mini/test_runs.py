@@ -12,9 +12,11 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -467,9 +469,33 @@ def test_cut_back_keeps_the_step_it_goes_on_from(tmp_path):
         "recovery.pt", "stable.pt", "step_000002.pt", "step_000003.pt"]
     for name in ("metrics.jsonl", "samples.jsonl"):
         assert [r["step"] for r in read_jsonl(tmp_path / "c" / name)] == [1, 2, 3, 3]
-    (tmp_path / "c" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
-    with pytest.raises(RunError, match=r"metrics.jsonl:2: not a JSON row; the log is damaged"):
+
+
+def run_at_step_6(tmp_path):
+    """A run "c" with checkpoints of steps 3 and 6, its best evaluation at 6 (stable.pt), a recovery.pt of step 5."""
+    run = RunDir(str(tmp_path), "c")
+    os.makedirs(run.path)
+    for step in (3, 6):
+        run.save_regular(ckpt_state(step), keep_last=0)
+    run.save("stable.pt", ckpt_state(6))
+    run.save("recovery.pt", ckpt_state(5))
+    return run
+
+
+@pytest.mark.parametrize("row,message", [('{"step": 2', r"metrics.jsonl:2: not a JSON row; the log is damaged"),
+                                         ('{"stpe": 2}', r"metrics.jsonl: a row without its step; the log is damaged"),
+                                         ("[2]", r"metrics.jsonl: a row without its step; the log is damaged")])
+def test_a_damaged_log_stops_going_back_before_anything_is_removed(tmp_path, row, message):
+    """Going back from step 6 to 3 over a damaged metrics.jsonl is refused in one sentence (a row without its step
+    was a KeyError), and leaves the run as it was: step 6's checkpoint, recovery.pt and stable.pt were already
+    gone when the damage was found, so the run moved aside with --overwrite, as the message says, lacked them."""
+    run = run_at_step_6(tmp_path)
+    run.append_jsonl("samples.jsonl", [{"step": s} for s in range(1, 7)])
+    (tmp_path / "c" / "metrics.jsonl").write_text(f'{{"step": 1}}\n{row}\n{{"step": 3}}\n')
+    before = files_of(run.path)
+    with pytest.raises(RunError, match=message + ": restore it, or move the run aside with --overwrite"):
         run.cut_back(3)
+    assert files_of(run.path) == before
 
 
 def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tmp_path):
@@ -477,12 +503,7 @@ def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tm
     (--resume_from_checkpoint step_000003.pt): both are of the abandoned branch, so a later --auto_resume goes
     on from step 3, not from 6 on top of the new branch's logs. The recovery.pt goes with step 6's checkpoint;
     the best model is kept, intact, in abandoned/. Going back to the best evaluation's own step keeps it."""
-    run = RunDir(str(tmp_path), "c")
-    os.makedirs(run.path)
-    for step in (3, 6):
-        run.save_regular(ckpt_state(step), keep_last=0)
-    run.save("stable.pt", ckpt_state(6))
-    run.save("recovery.pt", ckpt_state(5))
+    run = run_at_step_6(tmp_path)
     run.cut_back(3)
     path, state = run.latest_valid_checkpoint()
     assert (os.path.basename(path), state["step"]) == ("step_000003.pt", 3)
@@ -498,6 +519,166 @@ def test_auto_resume_after_going_back_does_not_return_to_the_abandoned_branch(tm
     assert sorted(os.listdir(run.checkpoint("abandoned"))) == ["stable_step_000006.pt", "stable_step_000006.pt.sha256"]
 
 
+def test_a_run_name_with_glob_characters_finds_its_own_files(tmp_path):
+    """--run_name exp[1]: the run's checkpoints and leftovers are found in its own directory, not matched as a
+    pattern (it matched exp1's, and pruning failed on the checkpoint just written: list.remove)."""
+    other = RunDir(str(tmp_path), "exp1")  # what the pattern exp[1] matches
+    other.save_regular(ckpt_state(9), keep_last=0)
+    run = RunDir(str(tmp_path), "exp[1]")
+    run.claim(resume=False)
+    for step in (1, 2, 3):
+        run.save_regular(ckpt_state(step), keep_last=2)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == ["step_000002.pt", "step_000003.pt"]
+    assert [step for step, _ in run.resumable_checkpoints()] == [3, 2]
+    run.cut_back(2)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == ["step_000002.pt"]
+    open(run.checkpoint("step_000003.pt.tmp"), "w").close()
+    open(run.file("config.json.tmp"), "w").close()
+    os.mkdir(run.file(".tmp-final"))
+    run.release()
+    run.claim(resume=True)
+    assert sorted(os.listdir(run.path)) == ["checkpoints", "run.lock"]
+    assert sorted(os.listdir(other.ckpt_dir)) == ["step_000009.pt", "step_000009.pt.sha256"]
+
+
+@pytest.mark.parametrize("pid", ["0", "-1", str(2**64)])
+def test_a_lock_naming_no_possible_process_is_damaged(tmp_path, pid):
+    """PID 0 and -1 are no process (os.kill(0, 0) signals this process group: "in use by a running process"),
+    and one past the C long overflowed os.kill: a traceback."""
+    run = RunDir(str(tmp_path), "r")
+    os.makedirs(run.path)
+    with open(run.lock, "w") as f:
+        f.write(f"{pid} {os.uname().nodename}\n")
+    with pytest.raises(RunError, match="names no process: the file is damaged"):
+        run.take_lock()
+
+
+@pytest.mark.parametrize("obj,kind", [(5, "int"), (torch.tensor(1.0), "Tensor"), ([1, 2], "list")])
+def test_a_torch_file_of_no_dict_is_not_a_checkpoint(tmp_path, obj, kind):
+    """--resume_from_checkpoint of a saved number or tensor: one sentence, not a TypeError from set(state)."""
+    path = tmp_path / "x.pt"
+    torch.save(obj, path)
+    with pytest.raises(ValueError, match=f"x.pt is not a checkpoint of mini/train.py \\(it holds a {kind}, not a dict\\)"):
+        load_checkpoint(str(path))
+
+
+def test_overwrites_within_one_second_each_move_their_run_aside(tmp_path, monkeypatch, capsys):
+    """Two --overwrite starts in the same second: the second run is moved to .old-<stamp>-1, not renamed onto
+    the first's aside (a traceback, Directory not empty)."""
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20250101-000000")
+    for i in range(3):
+        run = RunDir(str(tmp_path), "r")
+        run.claim(resume=False, overwrite=True)
+        run.append_jsonl("metrics.jsonl", [{"step": i}])
+        run.release()
+    assert sorted(os.listdir(tmp_path)) == ["r", "r.old-20250101-000000", "r.old-20250101-000000-1"]
+    for name, step in [("r.old-20250101-000000", 0), ("r.old-20250101-000000-1", 1), ("r", 2)]:
+        assert read_jsonl(tmp_path / name / "metrics.jsonl") == [{"step": step}]
+        assert sorted(os.listdir(tmp_path / name)) == ["metrics.jsonl"]  # the lock stays with no run
+    capsys.readouterr()
+
+
+def test_the_aside_name_of_a_long_run_name_fits_the_file_system(tmp_path, monkeypatch, capsys):
+    """A 255-byte --run_name moved aside by --overwrite is cut to fit .old-<stamp> in 255 bytes, and not in the
+    middle of a character: 117 two-byte characters (234 bytes) and the 20-byte suffix."""
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20250101-000000")
+    name = "é" * 127 + "a"  # 255 bytes
+    run = RunDir(str(tmp_path), name)
+    run.claim(resume=False)
+    run.append_jsonl("metrics.jsonl", [{"step": 1}])
+    run.release()
+    RunDir(str(tmp_path), name).claim(resume=False, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "é" * 117 + ".old-20250101-000000"])
+    capsys.readouterr()
+
+
+def dead_pid():
+    """The PID of a process that has ended."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def test_a_lock_is_taken_again_by_its_process_and_over_from_a_dead_one(tmp_path, capsys):
+    """The process holding run.lock may take it again; a lock of a process gone from this host is taken over,
+    and a directory holding only such a lock holds no run."""
+    run = RunDir(str(tmp_path), "r")
+    run.take_lock()
+    run.take_lock()
+    assert run.lock_owner() == (os.getpid(), os.uname().nodename)
+    pid = dead_pid()
+    with open(run.lock, "w") as f:
+        f.write(f"{pid} {os.uname().nodename}\n")
+    assert not run.holds_run()
+    run.claim(resume=False)
+    assert f"taking over {run.lock} of PID {pid}, which is gone" in capsys.readouterr().err
+    assert run.lock_owner() == (os.getpid(), os.uname().nodename)
+
+
+def test_a_live_or_foreign_lock_is_refused_and_kept(tmp_path):
+    """A lock of a live process here, or of any process on another host, is refused (also to --overwrite, which
+    would move a run in training aside) and stays: release() drops only this process's own lock."""
+    run = RunDir(str(tmp_path), "r")
+    os.makedirs(run.path)
+    (tmp_path / "r" / "config.json").write_text("{}")
+    for owner, message in [(f"{os.getppid()} {os.uname().nodename}", f"in use by a running process, PID {os.getppid()}"),
+                           (f"{dead_pid()} elsewhere", "on host elsewhere")]:
+        (tmp_path / "r" / "run.lock").write_text(owner + "\n")
+        before = files_of(run.path)
+        for take in (run.take_lock, lambda: run.claim(resume=False, overwrite=True)):
+            with pytest.raises(RunError, match=message):
+                take()
+        run.release()
+        assert files_of(run.path) == before and os.listdir(tmp_path) == ["r"]
+
+
+def test_a_checkpoint_whose_step_cannot_be_peeked_competes_by_its_loaded_step(tmp_path, monkeypatch):
+    """A checkpoint in torch's legacy format cannot be memory-mapped, so its step is not peeked: it is loaded first,
+    and then wins by its loaded step (5 over step_000003.pt's 3, with no other load) or loses (1)."""
+    run = RunDir(str(tmp_path), "r")
+    run.save_regular(ckpt_state(3), keep_last=0)
+    recovery = run.checkpoint("recovery.pt")
+    torch.save(ckpt_state(5), recovery, _use_new_zipfile_serialization=False)
+    assert run.resumable_checkpoints() == [(None, recovery), (3, run.checkpoint("step_000003.pt"))]
+    loads = count_loads(monkeypatch)
+    path, state = run.latest_valid_checkpoint()
+    assert (path, state["step"], loads) == (recovery, 5, [recovery])
+    torch.save(ckpt_state(1), recovery, _use_new_zipfile_serialization=False)
+    path, state = run.latest_valid_checkpoint()
+    assert (path, state["step"]) == (run.checkpoint("step_000003.pt"), 3)
+
+
+def test_a_log_skips_a_bom_and_a_cut_off_last_line_only(tmp_path, capsys):
+    """A BOM an editor put first is no damage, and a last line a kill cut off is skipped with a message."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('\ufeff{"step": 1}\n{"step": 2}\n\n{"step": 3, "lo', encoding="utf-8")
+    assert runs.read_rows(str(log)) == [{"step": 1}, {"step": 2}]
+    assert f"{log}:4: skipping the last line, cut off" in capsys.readouterr().err
+
+
+def test_a_lost_config_json_is_taken_from_the_latest_checkpoint(tmp_path):
+    """config.json gone: --auto_resume takes the settings of the checkpoint it continues from, the highest step's,
+    not an older one's (here from before a resume raised --steps)."""
+    run = RunDir(str(tmp_path), "r")
+    for step, steps in [(1, 2), (3, 4)]:
+        run.save_regular({**ckpt_state(step), "config": {"steps": steps}}, keep_last=0)
+    saved, source = runs.saved_settings(Config(auto_resume=True, log_dir=str(tmp_path), run_name="r"))
+    assert saved == {"steps": 4}
+    assert source == (f"--auto_resume continues the run with the settings of {run.checkpoint('step_000003.pt')} "
+                      "(its config.json is missing)")
+
+
+def test_a_full_disk_names_the_space_needed_and_free_in_mib(tmp_path, monkeypatch):
+    """In MiB, the free space of the folder the file goes in."""
+    asked = []
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda d: asked.append(d) or types.SimpleNamespace(free=5 * 2**20))
+    path = str(tmp_path / "x.pt")
+    assert runs.disk_full(path, 3 * 2**20) == (
+        f"disk full writing {path}: it needs about 3.0 MiB and 5.0 MiB are free there; free some space, then continue "
+        "with --auto_resume (the last good checkpoint is kept)")
+    assert asked == [str(tmp_path)]
+
+
 def test_is_disk_full_by_hand():
     assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
     assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
@@ -506,6 +687,18 @@ def test_is_disk_full_by_hand():
     assert is_disk_full(RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"))
     assert is_disk_full(Exception("Error while serializing: IoError(Os { code: 28, os error 28 })"))
     assert not is_disk_full(RuntimeError("CUDA out of memory"))
+
+
+def test_the_resume_command_a_signal_prints_can_be_pasted(tmp_path):
+    """A --log_dir or --run_name with a space in it is quoted in the printed command (it split into other flags)."""
+    log_dir = str(tmp_path / "my logs")
+    trainer = types.SimpleNamespace(cfg=Config(log_dir=log_dir), world=1, run_dir=RunDir(log_dir, "run 1"), step=4,
+                                    log=lambda line: None, save_regular=lambda: None)
+    with pytest.raises(runs.StopRun) as e:
+        runs.Resumable.stop_for_signal(trainer, "SIGTERM")
+    assert shlex.split(str(e.value).split("saved; resume with: ")[1]) == [
+        "python", "mini/train.py", "--log_dir", log_dir, "--run_name", "run 1", "--auto_resume"]
+    assert e.value.exit_code == 143
 
 
 def test_a_run_stopped_by_a_signal_exits_as_the_shell_reports_that_signal():

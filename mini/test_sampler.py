@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from mini.sampler import (KVCache, SharedPrefixCache, _caches, _matmul_copies, compiled, decode_step, generate, pad_left,
                           sample_next, with_matmuls_in,
                           shares_prefix)
+from mini.rollout import Rollout
 from mini.test_model import hf_and_ours, left_padded
 
 
@@ -32,6 +33,19 @@ def test_cached_decoding_equals_full_forward():
         steps.append(m.lm_head(m.hidden(ids[:, t:t + 1], mask[:, t:t + 1], cache=cache)))
     real = mask.bool()
     assert (torch.cat(steps, 1) - full)[real].abs().max() <= 1e-5
+
+
+def test_a_rollouts_rows_are_left_padded_prompts_then_completions_trimmed_per_micro_batch():
+    """By hand, widths in buckets of 2: prompts end at column Tp, completions (EOS kept where the row stopped) start
+    there; a micro-batch of one row keeps its own columns, and its prompt width counts from its first column."""
+    r = Rollout([None] * 2, [[4, 5, 6], [1, 2]], [[9], [7, 7, 7]], ["", ""])
+    r.pad(eos=0, max_new_tokens=3, device="cpu", bucket=2)
+    assert r.Tp == 4 and r.comp_lens == [2, 3]
+    assert r.ids.tolist() == [[0, 4, 5, 6, 9, 0, 0, 0], [0, 0, 1, 2, 7, 7, 7, 0]]
+    assert r.mask.long().tolist() == [[0, 1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1, 0]]
+    longer, shorter = [(mb.rows.tolist(), *mb.inputs(r)) for mb in r.micro_batches(1, 1, "cpu")]  # longest first
+    assert longer[0] == [1] and longer[1].tolist() == [[1, 2, 7, 7, 7, 0]] and longer[3] == 2
+    assert shorter[0] == [0] and shorter[1].tolist() == [[0, 4, 5, 6, 9, 0]] and shorter[3] == 4
 
 
 def fp64_model(vocab=97, std=0.3):
@@ -70,6 +84,38 @@ def test_shared_prefix_cache_equals_per_row_attention(groups):
         want, got = decode_step(m, per_row, tok), decode_step(m, shared, tok)
         assert (got - want).abs().max() <= 1e-12, t
         tok = torch.randint(0, 97, (N,), generator=g)  # arbitrary continuations: every row differs
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@torch.no_grad()
+def test_a_reused_decode_cache_forgets_the_last_calls_prompts_and_tokens(shared):
+    """The compiled decode keeps one cache per shape bucket across calls: loaded again with shorter prompts, it
+    decodes as a new cache does (the last call's prompt columns, completion columns and counters hidden or reset)."""
+    m = fp64_model()
+    g = torch.Generator().manual_seed(0)
+    prompt_of = [0, 0, 1]
+
+    def start(cache, lengths):
+        ids, mask = pad_left([torch.randint(0, 97, (n,), generator=g).tolist() for n in lengths], 96, "cpu")
+        prefill = KVCache(m.config, 2, ids.shape[1], "cpu", torch.float64)
+        m.hidden(ids, mask, cache=prefill)
+        if shared:
+            cache.start(prefill, prompt_of)
+        else:
+            cache.load(prefill, torch.tensor(prompt_of))
+
+    reused, fresh = ((SharedPrefixCache(m.config, 2, 9, 2, 3, 8, "cpu", torch.float64) if shared else
+                      KVCache(m.config, 3, 9 + 8, "cpu", torch.float64)) for _ in range(2))
+    start(reused, (9, 7))
+    for _ in range(6):
+        decode_step(m, reused, torch.randint(0, 97, (3,), generator=g))
+    state = g.get_state()
+    start(reused, (3, 2))
+    g.set_state(state)
+    start(fresh, (3, 2))
+    for t in range(6):
+        tok = torch.randint(0, 97, (3,), generator=g)
+        assert (decode_step(m, reused, tok) - decode_step(m, fresh, tok)).abs().max() <= 1e-12, t
 
 
 @pytest.mark.parametrize("temperature", [0, 0.8])
@@ -264,6 +310,38 @@ def test_generate_draws_each_token_independently():
     assert (pairs - 1 / 9).abs().max() < 0.02, pairs
 
 
+@pytest.mark.parametrize("shared_prefix", [True, False])
+@torch.no_grad()
+def test_generate_draws_the_inverse_cdf_of_a_full_forward(shared_prefix):
+    """Each row's tokens and log-probs are those of a naive loop: a full forward of prompt + tokens so far (no
+    cache), logits / T cut to the top k, and the token where the running sum of its softmax first exceeds
+    u[t, row] times the total, u = torch.rand(max_new_tokens, rows) of the seeded generator; stops at EOS.
+    fp64; groups of 3 and 2 and a single prompt, a group's rows apart, rows that stop early and are dropped."""
+    m = fp64_model(std=0.1)
+    m.transformer.ln_f.weight[0], m.transformer.ln_f.bias[0] = 0.0, 1.0  # dimension 0 of h is 1: wte[:, 0] a bias
+    m.transformer.wte.weight[96, 0] = 1.0  # EOS now and then: rows stop after 0 to 11 tokens
+    prompts = [[1, 2, 3, 4, 5, 6]] * 3 + [[7, 8]] * 2 + [[9, 10, 11], [1, 2, 3, 4, 5, 6]]
+    T, k, n = 0.7, 20, 25
+    u = torch.rand(n, len(prompts), generator=torch.Generator().manual_seed(4))
+    got = generate(m, prompts, n, T, top_k=k, eos_id=96, shared_prefix=shared_prefix, stop_check_every=1,
+                   generator=torch.Generator().manual_seed(4))
+    for i, (prompt, (toks, logp)) in enumerate(zip(prompts, got)):
+        seq, want = list(prompt), []
+        for t in range(n):
+            x = m(torch.tensor([seq]))[0, -1] / T
+            p = torch.softmax(x.masked_fill(x < x.topk(k).values[-1], float("-inf")), -1)
+            cdf = p.cumsum(-1)
+            tok = int((cdf <= u[t, i] * cdf[-1]).sum())
+            if tok == 96:
+                break
+            seq.append(tok)
+            want.append(p[tok].log().item())
+        assert toks == seq[len(prompt):], i
+        assert torch.allclose(logp.double(), torch.tensor(want, dtype=torch.float64), atol=1e-6, rtol=0), i
+    lens = [len(t) for t, _ in got]
+    assert min(lens) < 3 and max(lens) > 7 and len(set(map(tuple, (t for t, _ in got)))) == len(prompts)
+
+
 @torch.no_grad()
 def test_generate_stops_at_gpt2s_eos_by_default():
     """Without eos_id, generation stops at GPT-2's <|endoftext|>, id 50256."""
@@ -295,6 +373,18 @@ def test_sample_next_top_k_keeps_the_tokens_tied_with_the_kth():
     freq = torch.bincount(nxt, minlength=5).float() / len(nxt)
     assert (freq - p).abs().max() < 0.01 and freq[4] == 0
     assert torch.allclose(logp, p.log()[nxt])
+
+
+def test_sample_next_at_top_k_1_or_temperature_0_takes_the_argmax():
+    """top_k 1 leaves one token, drawn with log-prob 0, whatever the uniform; temperature 0 is greedy whatever
+    top_k, with the log-prob of the untempered softmax."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 30, generator=g, dtype=torch.float64)
+    best = logits.argmax(-1)
+    nxt, logp = sample_next(logits, 0.8, top_k=1, u=torch.rand(64, generator=g))
+    assert torch.equal(nxt, best) and torch.equal(logp, torch.zeros(64, dtype=torch.float64))
+    nxt, logp = sample_next(logits, 0, top_k=5)
+    assert torch.equal(nxt, best) and torch.allclose(logp, logits.log_softmax(-1).max(-1).values, atol=1e-12, rtol=0)
 
 
 def test_sample_next_top_k_beyond_the_vocabulary_is_no_restriction():
