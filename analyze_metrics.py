@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-from mini.runs import read_rows
+from mini.runs import is_number, read_rows
 
 TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
          "env_sft_nll", "policy_sft_nll", "zero_var_share", "ds_zero_var_share_drawn", "ds_reward_mean_drawn", "ds_rounds",
@@ -43,11 +43,6 @@ def load_metrics(path):
     if not rows:
         raise ValueError(f"{path} is empty: the run logged no step yet")
     return sorted(rows, key=lambda r: r["step"])
-
-
-def is_number(value):
-    """A null or a string, as in a hand-edited file, is no value: left out of means, tables and sums."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def mean_of(rows, key):

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from mini.config import MATE_PATH
 from mini.evaluate import complete_texts
-from mini.formats import UCI, checked_board, legal_ucis, policy_prompt
+from mini.formats import UCI, board_ucis, checked_board, legal_ucis, policy_prompt
 
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
               "threefold_repetition", "fifty_moves")
@@ -112,7 +112,7 @@ def mate_values(records, completions):
     vals = {"chess_mate_acc": [], "chess_mate_invalid": [], "chess_mate_illegal": []}
     for r, text in zip(records, completions, strict=True):
         move, board = policy_move(text), chess.Board(r["fen"])
-        legal = move is not None and move in legal_ucis(r["fen"])
+        legal = move is not None and move in board_ucis(board)
         if legal:
             board.push_uci(move)
         vals["chess_mate_acc"].append(float(legal and board.is_checkmate()))

@@ -26,6 +26,7 @@ except ImportError:
     raise ImportError('plotting needs matplotlib, an optional extra: pip install -e ".[plot]"') from None
 
 from mini.report import TRL_NAMES
+from mini.runs import is_number
 
 # (title, metrics.jsonl keys, rolling mean) per panel of train.png
 PANELS = [
@@ -51,15 +52,9 @@ def label(key):
     return f"{key} (TRL {TRL_NAMES[key]})" if TRL_NAMES.get(key, key) != key else key
 
 
-def number(row, key):
-    """The number under key, or None: a null, a string or a true (a hand-edited file) is no value."""
-    v = row.get(key)
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def series(rows, key):
     """(steps, values) of the rows that have a number under key."""
-    pts = [(r["step"], v) for r in rows if (v := number(r, key)) is not None]
+    pts = [(r["step"], v) for r in rows if is_number(v := r.get(key))]
     return [s for s, _ in pts], [v for _, v in pts]
 
 
@@ -121,7 +116,7 @@ def steady_ylim(ax):
 def draw_time(ax, title, rows, phases):
     """Seconds per phase of each step, stacked; a phase with no number at a step (a null, a string) counts 0."""
     rows = [r for r in rows if any(p in r for p in phases)]
-    ax.stackplot([r["step"] for r in rows], *[[number(r, p) or 0.0 for r in rows] for p in phases], labels=phases,
+    ax.stackplot([r["step"] for r in rows], *[[r[p] if is_number(r.get(p)) else 0.0 for r in rows] for p in phases], labels=phases,
                  colors=[f"C{i}" for i in range(len(phases))])
     ax.set(title=title, xlabel="step", ylabel="seconds")
     ax.legend(fontsize="x-small", loc="upper left")

@@ -192,6 +192,12 @@ def saved_step(path):
         return None
 
 
+def is_number(value):
+    """A logged value that counts: a null, a string or a true, as in a hand-edited file, is no value (left out of
+    means, tables, sums and plots)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read_rows(path):
     """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
     a ValueError naming it (file:line)."""
