@@ -118,6 +118,8 @@ def game_positions(games, rng, n, exclude=frozenset(), king_shares=None):
     if king_shares is not None:  # None: every class not named
         wanted = quotas(n, {**king_shares, None: max(0.0, 1 - sum(king_shares.values()))})
     for fen, history in candidates:
+        if len(out) == n:  # checked first, so that n = 0 draws none
+            break
         key = position_key(fen)
         if key in seen:
             continue
@@ -130,8 +132,6 @@ def game_positions(games, rng, n, exclude=frozenset(), king_shares=None):
             wanted[drawn] -= 1
         seen.add(key)
         out.append((fen, history, phase(board)))
-        if len(out) == n:
-            break
     return out
 
 
@@ -328,6 +328,8 @@ def king_shares(text):
         if name not in KING_CONSTRAINTS:
             raise argparse.ArgumentTypeError(f"{name!r} is not a class of positions.king_constraint; "
                                              f"name some of {', '.join(KING_CONSTRAINTS)}, as in check=0.4")
+        if name in out:  # silently keeping one of two shares would build a pool the user did not ask for
+            raise argparse.ArgumentTypeError(f"{name!r} is named twice in {text!r}; give each class one share")
         try:
             out[name] = float(share)
         except ValueError:

@@ -23,9 +23,16 @@ ENGINE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini",
 TRAIN, SFT, BOTH = ("train",), ("sft",), ("train", "sft")  # which scripts list a flag in their --help
 
 
+def choices_of(field, script="train"):
+    """The values `script` accepts for a Config field (None: any of its type)."""
+    choices = field.metadata["choices"]
+    return choices[script] if isinstance(choices, dict) else choices
+
+
 def opt(default, help, choices=None, check=None, scripts=TRAIN):
-    """A Config field: its default, its --help text, and what parse_args checks: `choices`, or
-    `check` = (predicate, what it must be) for numbers; `scripts` that take the flag."""
+    """A Config field: its default, its --help text, and what parse_args checks: `choices` (or a dict
+    script -> its choices, where a script takes fewer), or `check` = (predicate, what it must be) for
+    numbers; `scripts` that take the flag."""
     return field(default=default, metadata={"help": help, "choices": choices, "check": check, "scripts": scripts})
 
 
@@ -68,7 +75,8 @@ class Config:
     data_source: str = opt("pool", "where training positions come from (generate: fresh positions labelled by Stockfish "
                            "in the background as they are needed; selfplay: games of the current policy, labelled "
                            "the same way, mixed with the pool by --selfplay_mix; train.py only)",
-                           ["pool", "file", "generate", "selfplay"], scripts=BOTH)
+                           {"train": ("pool", "file", "generate", "selfplay"), "sft": ("pool", "file", "generate")},
+                           scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
                          "with --data_source file; several, comma-separated, are one source", scripts=BOTH)
     policy_pad: str = opt("90", "P: prompts' FEN padding: 90 (the generator code's), 89 (RookWorld's validation file's) "

@@ -10,7 +10,7 @@ import math
 import os
 import re
 
-from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config
+from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config, choices_of
 
 # --help's topics: each opens at its field and runs to the next one's, in the order of Config
 SECTIONS = {"model_path": "model and run", "temperature": "sampling", "mix_env_ratio": "tasks and data",
@@ -42,7 +42,7 @@ def wrong_types(values):
         field = FIELDS.get(name)
         if field is None:
             continue
-        default, choices = field.default, field.metadata["choices"]
+        default, choices = field.default, choices_of(field)  # a settings file is train.py's
         if default is None or isinstance(default, bool):  # None: a switch left to the device
             fits, kind = isinstance(value, bool) or (default is None and value is None), "true or false"
         elif isinstance(default, float):
@@ -268,7 +268,7 @@ def add_config_flags(parser, script):
             group.add_argument(f"--{name}", f"--no_{name}", dest=name, action=Switch, default=f.default,
                                 help=f.metadata["help"])
         else:
-            group.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=f.metadata["choices"],
+            group.add_argument(f"--{name}", type=type(f.default), default=f.default, choices=choices_of(f, script),
                                 help=f.metadata["help"])
 
 

@@ -22,7 +22,7 @@ def _per_position(fn, *xs, chunk_size):
     """fn over (M, ·) rows, chunk by chunk, for inputs shaped (N, T, ·). Each chunk is recomputed in
     the backward pass (activation checkpointing), so V-sized temporaries exist for one chunk only."""
     lead = xs[0].shape[:-1]
-    chunks = zip(*(x.reshape(lead.numel(), -1).split(chunk_size) for x in xs))
+    chunks = zip(*(x.reshape(lead.numel(), x.shape[-1]).split(chunk_size) for x in xs))
     return torch.cat([checkpoint(fn, *c, use_reentrant=False) for c in chunks]).view(lead)
 
 

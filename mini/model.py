@@ -158,7 +158,7 @@ class GPT(nn.Module):
         """One sentence rather than an index error deep inside wpe; not under torch.compile, where the branch on a
         tensor's value broke the graph and synced with the host at every forward (the rows come from rollouts
         that the sampler, uncompiled here, already checked)."""
-        if not torch.compiler.is_compiling() and pos.max() >= self.config.n_positions:
+        if not torch.compiler.is_compiling() and pos.numel() and pos.max() >= self.config.n_positions:
             raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
 
     def _block(self, block, x, attn_mask, prefix=None):
@@ -184,6 +184,7 @@ class GPT(nn.Module):
         mask = attention_mask.bool()  # (B, T)
         if start <= 0:
             return self.hidden(idx, mask)
+        start = min(start, T)  # no suffix: (B, 0, C), as hidden(...)[:, start:]
         if groups is None:
             uniq, rows = torch.unique(torch.cat([idx[:, :start], mask[:, :start].long()], 1), dim=0, return_inverse=True)
             p_idx, p_mask = uniq[:, :start], uniq[:, start:].bool()  # (U, S): the distinct prefixes

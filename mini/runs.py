@@ -92,14 +92,27 @@ def disk_guard(path, need_bytes=0):
         raise
 
 
+def fsync_path(path):
+    """Flush a file's (or a directory's) data to the disk: without it a power loss shortly after a rename may
+    leave the new name pointing at an empty file (ext4's delayed allocation), the old one already gone."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path, write, need_bytes=0):
-    """write(tmp_path), then rename over `path`: a crash or a full disk never leaves a half-written file (the
-    .tmp is removed on failure; leftovers of a kill are removed when a run starts). A full disk is a RunError."""
+    """write(tmp_path), then rename over `path`: a crash, a power loss or a full disk never leaves a half-written
+    file (the .tmp is synced to the disk before the rename, and the directory after it; the .tmp is removed on
+    failure; leftovers of a kill are removed when a run starts). A full disk is a RunError."""
     tmp = path + ".tmp"
     try:
         with disk_guard(path, need_bytes):
             write(tmp)
+            fsync_path(tmp)
             os.replace(tmp, path)
+            fsync_path(os.path.dirname(os.path.abspath(path)))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

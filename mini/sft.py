@@ -220,9 +220,6 @@ def main(argv=None):
 
 
 def train_sft(cfg, run):
-    if cfg.data_source == "selfplay":
-        raise ValueError("--data_source selfplay is train.py's (games of the policy being trained); sft.py takes "
-                         "pool, file or generate")
     if cfg.data_source == "generate" and cfg.data_workers:
         raise ValueError("--data_workers needs --data_source pool or file: generate's Stockfish engines cannot be "
                          "shared with worker processes (drop --data_workers)")

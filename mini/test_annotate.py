@@ -214,11 +214,24 @@ def test_build_command_writes_disjoint_files(tmp_path):
 
 @needs_stockfish
 def test_build_command_resumes_from_its_cache(tmp_path, monkeypatch):
-    """A rerun finds the screen's and the labels' searches in the cache: no engine call, the same files."""
-    args = ["--pool", "6", "--eval", "2", "--depth", "4", "--workers", "1", "--cache", str(tmp_path / "cache.jsonl"),
+    """A run cut off part way (half its cache, the last line cut mid-write) is resumed: the same files, every search
+    cached once, none twice; two engines without the cache write the same records. A rerun then finds the screen's
+    and the labels' searches in the cache: no engine call, the same files."""
+    cache = tmp_path / "cache.jsonl"
+    args = ["--pool", "6", "--eval", "2", "--depth", "4", "--workers", "1", "--cache", str(cache),
             "--pool_path", str(tmp_path / "pool.jsonl"), "--eval_path", str(tmp_path / "eval.jsonl")]
     main(args)
     first = [open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")]
+    searches = cache.read_text().splitlines(keepends=True)
+    cache.write_text("".join(searches[:len(searches) // 2]) + searches[len(searches) // 2][:30])
+    main(args)
+    assert [open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")] == first
+    as_text = lambda records: sorted(json.dumps(r, sort_keys=True) for r in records)
+    assert as_text(read_jsonl(str(cache))) == as_text(map(json.loads, searches))
+    fresh = args[:args.index("--workers")] + ["--workers", "2", "--cache", ""] + args[args.index("--cache") + 2:]
+    main(fresh)  # two engines, no cache: the same records (the header's command says how it ran)
+    records = lambda texts: [text.splitlines()[1:] for text in texts]
+    assert records(open(tmp_path / f).read() for f in ("pool.jsonl", "eval.jsonl")) == records(first)
 
     def no_engine(self, fen):
         raise AssertionError(f"searched {fen} again")
@@ -247,6 +260,22 @@ def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeyp
         assert board.is_checkmate() and s.evals[s.moves.index(s.best)] == 999.99
 
 
+def test_write_jsonl_writes_whole_files_or_leaves_the_old_one(tmp_path):
+    """The header, one P: record per position with its labels, history and phase, then one A: record per transition;
+    a write that fails part way (here a position without its labels) leaves the previous file as it was, so that a
+    build cut off keeps what it had."""
+    path, fen = str(tmp_path / "data.jsonl"), chess.STARTING_FEN
+    annotate.write_jsonl(path, {"seed": 1}, [(fen, [], "opening")], {fen: (["e2e4"], [0.3])}, [(fen, "g1f3", ["g1f3"])])
+    first = open(path).read()
+    assert [json.loads(x) for x in first.splitlines()] == [
+        {"meta": {"seed": 1}}, {"fen": fen, "moves": ["e2e4"], "evals": [0.3], "history": [], "phase": "opening"},
+        {"fen": fen, "move": "g1f3", "history": ["g1f3"]}]
+    with pytest.raises(KeyError):
+        annotate.write_jsonl(path, {"seed": 2}, [(fen, [], "opening"), (FENS[1], [], "middlegame")],
+                             {fen: (["e2e4"], [0.3])})
+    assert open(path).read() == first
+
+
 def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
     """Hand-computed over 4 P: positions (move numbers 1, 4, 18, 60; pieces 32, 32, 26, 3; one in check, one whose
     king may not step onto d7 or e7, held by the c6 pawn and the c5 bishop) and 4 A:
@@ -257,7 +286,8 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
     lines = [{"fen": f, "moves": [m], "evals": [0.0], "history": []}
              for f, m in zip(fens, ["e2e4", "c2c3", "d8e8", "e3d4"])]
     cycle = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3  # a history ends with its own move
-    lines += [{"fen": chess.STARTING_FEN, "move": "g1f3", "history": cycle[:n - 1] + ["g1f3"]} for n in (2, 3, 5, 6)]
+    lines += [{"fen": chess.STARTING_FEN, "move": "g1f3", "history": cycle[:n - 1] + ["g1f3"]}
+              for n in (6, 2, 5, 3)]  # out of order: the buckets are printed shortest first all the same
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert annotate.describe(str(path)) == [
@@ -268,8 +298,12 @@ def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
         "  in check     25.0%",
         "  king safety  check 25%, pin 0%, king_square 25%, unconstrained 50%",
         "  A: history   1-2 25%, 3-5 50%, 6-10 25%"]
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "header.jsonl").write_text('{"meta": {}}\n{"fen": "8/8/8 w", "moves": ["e2e4"]}\n')  # a damaged line
     for bad, says in ((tmp_path, f"{tmp_path}: is a directory; check the path"),
-                      (tmp_path / "nowhere.jsonl", f"{tmp_path / 'nowhere.jsonl'}: no such file or directory")):
+                      (tmp_path / "nowhere.jsonl", f"{tmp_path / 'nowhere.jsonl'}: no such file or directory"),
+                      (tmp_path / "empty.jsonl", f"{tmp_path / 'empty.jsonl'} holds no sample (it is empty)"),
+                      (tmp_path / "header.jsonl", f"{tmp_path / 'header.jsonl'} holds no sample, only its header")):
         with pytest.raises(SystemExit, match=re.escape(f"annotate.py --describe: {says}")):  # no traceback
             main(["--describe", str(bad)])
 
@@ -338,6 +372,20 @@ def test_pgn_flags_that_cannot_apply_stop_before_any_work(flags, says, tmp_path,
     assert stop.value.code == 2 and len(err) == 1 and says in err[0]
 
 
+def test_each_build_writes_its_own_default_files(tmp_path, monkeypatch):
+    """Without --pool_path and --eval_path: --games writes the realistic pool (not the shipped generated one) and the
+    shipped realistic held-out set, --pgn a held-out set of its own (never the shipped ones); the builds stand in."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)  # no engine is started
+    write_pgn(tmp_path / "games.pgn", ("", RUY_20))
+    wrote = []
+    monkeypatch.setattr(annotate, "build_from_games", lambda a: wrote.append((a.pool_path, a.eval_path)))
+    monkeypatch.setattr(annotate, "build_from_pgn", lambda a: wrote.append(a.eval_path))
+    main(["--games", "2", "--cache", ""])
+    main(["--pgn", "games.pgn", "--cache", ""])
+    assert wrote == [(annotate.GAMES_POOL_PATH, REAL_EVAL_PATH), annotate.PGN_EVAL_PATH]
+
+
 @needs_stockfish
 def test_pgn_set_is_the_games_positions_and_moves_labelled(tmp_path, capsys, monkeypatch):
     """--pgn: P: positions of the games' plies with the moves that led there, Stockfish's labels; A: transitions
@@ -379,11 +427,11 @@ def test_pgn_set_is_the_games_positions_and_moves_labelled(tmp_path, capsys, mon
 
 class ScreenAnnotator:
     """Annotator's stand-in: position 'p<i>' scores +-4.0 pawns (level enough, the bound) for even i, -9.0 or +9.0
-    (lopsided for one side or the other) for odd i."""
-    engine, tag = "fake", "depth=0"
+    (lopsided for one side or the other) for odd i; made: the arguments after the engine's path of each one made."""
+    engine, tag, made = "fake", "depth=0", []
 
     def __init__(self, *a, **kw):
-        pass
+        self.made.append((a[1:], kw))
 
     def __enter__(self):
         return self
@@ -398,13 +446,17 @@ class ScreenAnnotator:
 
 def test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_either_side(tmp_path, monkeypatch):
     """Beyond --max_eval pawns for either side a position is kept with probability 1/4, within it (the bound
-    included) always; the eval set is the first kept positions, the pool the next ones, in the stream's order."""
+    included) always; the eval set is the first kept positions, the pool the next ones, in the stream's order. The
+    screen searches at --screen_depth for one line, the labels at --depth for five, both with --workers and --cache."""
     monkeypatch.setattr(annotate, "Annotator", ScreenAnnotator)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)  # no engine is started
+    monkeypatch.setattr(ScreenAnnotator, "made", [])
     monkeypatch.setattr(annotate, "iter_positions", lambda seed: ((f"p{i}", ["e2e4", f"m{i}"], "endgame")
                                                                   for i in itertools.count()))
     pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
-    main(["--pool", "50", "--eval", "10", "--max_eval", "4", "--workers", "1", "--cache", "",
-          "--pool_path", str(pool), "--eval_path", str(ev)])
+    main(["--pool", "50", "--eval", "10", "--max_eval", "4", "--workers", "3", "--cache", "c.jsonl", "--depth", "7",
+          "--screen_depth", "2", "--pool_path", str(pool), "--eval_path", str(ev)])
+    assert ScreenAnnotator.made == [((2, None, 3, "c.jsonl"), {"multipv": 1}), ((7, None, 3, "c.jsonl"), {})]
     records = [json.loads(x) for path in (ev, pool) for x in path.read_text().splitlines()[1:]]
     kept = [int(r["fen"][1:]) for r in records]
     assert all(r == {"fen": f"p{i}", "moves": ["e2e4"], "evals": [ScreenAnnotator().annotate([f"p{i}"])[f"p{i}"][1][0]],
@@ -416,8 +468,15 @@ def test_the_screen_keeps_level_positions_and_a_quarter_of_lopsided_ones_for_eit
     assert {i % 4 for i in lopsided} == {1, 3}  # either side's
 
     shipped = os.stat(EVAL_PATH).st_mtime_ns  # --eval 0 with --pool_path: the pool only
-    main(["--pool", "5", "--eval", "0", "--workers", "1", "--cache", "", "--pool_path", str(tmp_path / "only.jsonl")])
-    assert len((tmp_path / "only.jsonl").read_text().splitlines()) == 1 + 5 and os.stat(EVAL_PATH).st_mtime_ns == shipped
+    argv = ["--pool", "5", "--eval", "0", "--seed", "3", "--workers", "1", "--cache", "",
+            "--pool_path", str(tmp_path / "only.jsonl")]
+    main(argv)
+    lines = (tmp_path / "only.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 5 and os.stat(EVAL_PATH).st_mtime_ns == shipped
+    assert json.loads(lines[0])["meta"] == {  # the header says what labelled the file and how to rebuild it
+        "stockfish": "fake", "limit": "depth=0", "multipv": 5, "seed": 3, "pool": 5, "eval": 0,
+        "screen": "depth=6, |eval| > 4.0 kept with p=0.25", "generator": "mini.positions.iter_positions",
+        "command": "python mini/annotate.py " + " ".join(argv)}
 
 
 @needs_stockfish

@@ -302,6 +302,20 @@ def test_exactly_max_bad_lines_load_and_impossible_positions_never_count_towards
     assert [s.fen for s in load_jsonl(str(jsonl))] == [kingless.fen]
 
 
+def test_the_first_ten_skipped_lines_are_named_and_the_counts_cover_the_rest(tmp_path, capsys):
+    """Each of the first 10 skipped lines is named as file:line; the last stderr line counts both kinds, singular
+    for one."""
+    path = tmp_path / "data.txt"
+    path.write_text("junk\n" * 11 + KINGLESS_A_LINE + "\n" + P_LINES[0] + "\n")
+    assert load_text(str(path))[1] == 12
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[0] for line in err] == [f"{path}:{i}" for i in range(1, 11)] + [str(path)]
+    assert err[-1] == f"{path}: skipped 11 malformed lines, 1 impossible position"
+    path.write_text("junk\n" + P_LINES[0] + "\n")
+    load_text(str(path))
+    assert capsys.readouterr().err.splitlines()[-1] == f"{path}: skipped 1 malformed line"
+
+
 def naive_keys(fen, move=None):
     """Placement, side, castling and en passant of a position and, after a legal move, of the next one:
     python-chess directly."""
@@ -358,6 +372,21 @@ def test_pool_source_of_a_records_alone_and_half_the_a_share_from_them_with_p_po
     assert sum(s.fen == p.fen for s in draws) == 400 - from_file
 
 
+def test_pool_a_prompts_carry_the_positions_last_moves_and_p_prompts_the_sources_padding():
+    """An A: prompt drawn on a P: position prints the moves that led there and its own move, the last 10
+    (MAX_HISTORY); P: prompts have the FEN padded to the source's width, 89 or 90, or either with both."""
+    moves = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3  # 12 half-moves back to the start (a test string)
+    p = policy_sample(START, ["e2e4"], [0.3], history=moves)
+    drawn = PoolSource([p], env_ratio=1.0, seed=0).draw(20)
+    assert all(s.task == "A" and s.history == moves[-9:] + [s.move] for s in drawn)
+    assert dataset.pad_widths("89") == (89,) and dataset.pad_widths("90") == (90,)
+    assert dataset.pad_widths("both") == (90, 89)
+    for pads in ((89,), (90,), (90, 89)):
+        drawn = PoolSource([p], env_ratio=0.0, seed=0, pads=pads).draw(40)
+        assert {len(s.prompt) - 2 for s in drawn} == set(pads)  # 'P: ' and the FEN padded, less the last space
+        assert all(s.prompt == policy_prompt(START, len(s.prompt) - 2) for s in drawn)
+
+
 def test_several_data_files_are_one_source_and_each_rank_draws_with_its_own_seed(tmp_path):
     """--data_file a,b reads both files; torchrun rank r draws with seed --seed + r (else every rank trains on the
     same prompts)."""
@@ -369,6 +398,21 @@ def test_several_data_files_are_one_source_and_each_rank_draws_with_its_own_seed
     assert [s.fen for s in source.policy] == [parse_line(x).fen for x in P_LINES[:2]] and len(source.env) == 1
     for rank in (0, 1, 3):
         assert make_source(cfg, rank=rank).rng.getstate() == random.Random(cfg.seed + rank).getstate()
+
+
+def test_no_skip_bad_lines_stops_at_a_data_files_first_bad_line_and_no_samples_is_refused(tmp_path):
+    """--no_skip_bad_lines: the first bad line of a text or .jsonl data file stops the source, named; a source of
+    no samples is refused in a sentence (its draw would never end)."""
+    text, jsonl = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    text.write_text(P_LINES[0] + "\njunk\n")
+    with open(POOL_PATH) as src:
+        jsonl.write_text("".join(src.readlines()[:3]) + "junk\n")
+    for path in (text, jsonl):
+        assert make_source(Config(data_source="file", data_file=str(path))).policy  # skipped by default
+        with pytest.raises(ValueError, match=re.escape(f"{path}:") + "[24]: "):
+            make_source(Config(data_source="file", data_file=str(path), skip_bad_lines=False))
+    with pytest.raises(ValueError, match="no samples to draw training prompts from"):
+        PoolSource([])
 
 
 def phase_of(board):
@@ -427,6 +471,20 @@ def test_replay_buffer():
     assert [f for f, _ in nxt.items.values()] == ["8/5k2/r2p1bp1/PR5p/2p5/P5P1/3B1K1P/8 b - - 1 44",
                                                   "r1bk3r/2p2ppp/2P1p2N/ppB1P3/8/3B1N2/PPP2PPP/3RK2R b K - 0 18"]
     assert [history[-1] for _, history in nxt.items.values()] == ["b3b5", "a3c5"]  # the move that led there
+    nxt.add_next(env_sample(KIWIPETE, "e1e3", ["e1e3"]))  # illegal: truncated, the position unchanged, not new
+    assert len(nxt) == 2
+
+
+def test_replay_buffer_keeps_a_positions_first_meeting_and_gives_what_it_holds():
+    """A position met again (other counters, another history) keeps the FEN and history it was first met with;
+    a history keeps its last 9 moves (an A: prompt adds its own); asking for more than it holds gives all of it."""
+    buf = ReplayBuffer(seed=0)
+    moves = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3  # 12 half-moves back to the start (a test string)
+    buf.add(START, moves)
+    buf.add(START.replace(" 0 1", " 4 9"), ["e2e4"])
+    assert list(buf.items.values()) == [(START, moves[-9:])]
+    buf.add(KIWIPETE)
+    assert sorted(buf.sample(5)) == sorted([(START, moves[-9:]), (KIWIPETE, [])])
 
 
 def test_no_training_prompt_shows_a_held_out_position():
@@ -496,6 +554,11 @@ def test_pool_source_mix():
         if s.task == "A":
             assert s.completion == env_completion(s.fen, s.move, s.history)
     assert [s.prompt + s.completion for s in draws] == [s.prompt + s.completion for s in draw()]
+    first = PoolSource(pool, env_ratio=0.25, seed=0)  # a source loaded from a state_dict draws what it would next
+    first.draw(30)
+    resumed = PoolSource(pool, env_ratio=0.25, seed=0)
+    resumed.load_state_dict(first.state_dict())
+    assert [s.prompt + s.completion for s in resumed.draw(30)] == [s.prompt + s.completion for s in first.draw(30)]
     source = PoolSource(pool, env_ratio=0.25, seed=0)  # one draw's own A: share (--env_sft_batch: only A:)
     assert {s.task for s in source.draw(50, env_ratio=1.0)} == {"A"}
     assert {s.task for s in source.draw(50, env_ratio=0.0)} == {"P"}
@@ -545,6 +608,29 @@ class LabelsAhead:
 
     def close(self):
         pass
+
+
+class CountedLabels(LabelsAhead):
+    """LabelsAhead that counts the positions sent to be labelled."""
+
+    def __init__(self):
+        self.submitted = 0
+
+    def submit(self, fens):
+        self.submitted += len(fens)
+        return super().submit(fens)
+
+
+def test_stream_source_labels_no_more_than_ahead_positions_before_they_are_needed(monkeypatch):
+    """After every draw, the positions sent to Stockfish are those taken plus at most `ahead` more."""
+    monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
+    labels = CountedLabels()
+    source = StreamSource(labels, env_ratio=0.0, seed=0, ahead=8)
+    for _ in range(20):
+        source.draw(1)
+        assert source.taken <= labels.submitted <= source.taken + 8
+    # an A: prompt needs a position drawn before: the first prompt of a fresh source is P:
+    assert [s.task for s in StreamSource(LabelsAhead(), env_ratio=1.0, seed=0).draw(3)] == ["P", "A", "A"]
 
 
 def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import chess
+import numpy as np
 import pytest
 import torch
 
@@ -102,6 +103,22 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     assert [phase(chess.Board(s.fen)) for s in (opening, endgame)] == ["opening", "endgame"]
 
 
+def test_history_bucket_edges_in_the_breakdown_and_when_taking_transitions_in_turn():
+    """Histories of 2, 3, 5 and 6 half-moves (the move included) fall into 1-2, 3-5, 3-5 and 6-10, in the
+    breakdown and when first_of_each_bucket takes transitions in turn, in the file's order; a bucket that has
+    run out is passed over."""
+    moves = ["g1f3", "g8f6", "f3g1", "f6g8"] * 2  # back to the start (a test string)
+    with_history = lambda n: env_sample(chess.STARTING_FEN, "e2e4", moves[:n - 1] + ["e2e4"])
+    samples = [with_history(n) for n in (2, 3, 5, 6)]
+    v = ev.per_sample_values(samples, [s.completion if i != 1 else "junk" for i, s in enumerate(samples)])
+    assert (v["eval_A_next_state_exact_h1-2"], v["eval_A_next_state_exact_h3-5"], v["eval_A_next_state_exact_h6-10"]) \
+        == ([1.0], [0.0, 1.0], [1.0])
+    stored = [with_history(n) for n in (2, 2, 2, 3, 6, 5, 6)]  # 1-2 thrice, 3-5 and 6-10 twice
+    at = {id(s): i for i, s in enumerate(stored)}  # equal samples: told apart by identity
+    taken = lambda n: [at[id(s)] for s in ev.first_of_each_bucket(stored, n)]
+    assert taken(3) == [0, 3, 4] and taken(5) == [0, 1, 3, 4, 5] and taken(7) == taken(9) == list(range(7))
+
+
 def test_realistic_eval_set_takes_its_own_transitions_and_padding(tmp_path):
     """A .jsonl with A: records gives those transitions (not random ones), and --pad pads the P: prompts, as it
     does a text file's P: lines, whatever width their FEN had there."""
@@ -140,8 +157,9 @@ def test_text_lines_label_versus_pv1():
     assert [ev.pv1_of(s) for s in samples[:3]] == ["b3b5", "h7f8", "d4c5"]  # the all-0.0 tie goes to the label
     tied = parse_line(P_LINES[1].replace("-3.06", "-2.3"))  # a4a3 and h7f8 tie at the top, the label is not there
     assert ev.pv1_of(tied) is None
-    assert len(ev.per_sample_values([tied], [tied.completion])["eval_P_best_acc_label"]) == 1
-    assert "eval_P_best_acc_pv1" not in ev.per_sample_values([tied], [tied.completion])
+    tied_values = ev.per_sample_values([tied], [tied.completion])
+    assert len(tied_values["eval_P_best_acc_label"]) == 1
+    assert "eval_P_best_acc_pv1" not in tied_values and "eval_P_best_acc_pv1_legal" not in tied_values  # no PV1 known
 
 
 def test_accuracy_among_legal_answers_pairs_the_prompts_where_both_answers_are_legal():
@@ -163,14 +181,15 @@ def test_accuracy_among_legal_answers_pairs_the_prompts_where_both_answers_are_l
 def test_a_move_the_engine_could_not_judge_keeps_every_quality_list_aligned(monkeypatch):
     """A P: move the engine could not judge (move_quality None) gets None in each move-quality metric,
     cpl_legal included, so every list keeps one entry per P: prompt and --compare pairs by prompt."""
-    samples = [parse_line(line) for line in P_LINES]
-    judged = [(s.best, {"cpl": 10 * i, "winprob_loss": 0.0, "score": 1.0}) for i, s in enumerate(samples)]
+    samples = [parse_line(line) for line in P_LINES + A_LINES[:1]]  # an A: sample has no move quality at all
+    judged = [(s.best, {"cpl": 10 * i, "winprob_loss": 0.0, "score": 1.0}) for i, s in enumerate(samples[:3])]
     judged[1] = (samples[1].best, None)
-    monkeypatch.setattr(ev, "judge_moves", lambda engine, samples, completions: judged)
+    monkeypatch.setattr(ev, "judge_moves", lambda engine, samples, completions: judged + [(None, None)])
     values = ev.per_sample_values(samples, [s.completion for s in samples], engine=object())
     for name in ("cpl", "winprob_loss", "blunder", "move_score", "cpl_legal"):
         assert len(values[f"eval_P_{name}"]) == 3 and values[f"eval_P_{name}"][1] is None, name
     assert values["eval_P_cpl_legal"] == [0.0, None, 20.0]
+    assert not [k for k in values if k.startswith("eval_A_") and "cpl" in k]  # an A: answer is no move to judge
 
 
 def test_random_model_is_invalid(held_out):
@@ -232,7 +251,10 @@ def test_reward_mae_clips_the_answered_reward_and_eval_mae_takes_a_repeats_last_
     once among the moves whose legality top5_legal counts."""
     s = env_sample(chess.STARTING_FEN, "e2e4", ["e2e4"])
     answers = [f"{s.next_fen}+{r}+0+0" for r in ("5.0", "-3", "0.5", "0.001")]
-    assert ev.per_sample_values([s] * 4, answers)["eval_A_reward_mae"] == pytest.approx([0.999, 1.001, 0.499, 0.0])
+    values = ev.per_sample_values([s] * 4, answers)
+    assert values["eval_A_reward_mae"] == pytest.approx([0.999, 1.001, 0.499, 0.0])
+    # the next state right every time, the reward only in the last answer: two metrics, not one
+    assert values["eval_A_next_state_exact"] == [1.0] * 4 and values["eval_A_reward_exact"] == [0.0, 0.0, 0.0, 1.0]
     p = parse_line(P_LINES[0])
     assert ev.per_sample_values([p], [" M: b3b5 b3b5 E: 2.0 -0.8 B: b3b5"])["eval_P_eval_mae"] == [0.0]
     named_twice = ev.per_sample_values([p], [" M: b3b5 b3b5 a1a1 E: 2.0 -0.8 0.1 B: b3b5"])  # one legal of two moves
@@ -323,10 +345,13 @@ def test_a_report_over_an_input_is_refused_before_the_evaluation(snapshot, tmp_p
 def test_cli_text_file(snapshot, tmp_path, capsys):
     data, out = tmp_path / "lines.txt", tmp_path / "sub" / "report.json"
     data.write_text("\n".join(P_LINES + A_LINES) + "\n")
-    ev.main(["--model_path", snapshot, "--data", str(data), "--n", "2", "--max_new_tokens", "4", "--out", str(out)])
+    ev.main(["--model_path", snapshot, "--data", str(data), "--n", "2", "--max_new_tokens", "4", "--out", str(out),
+             "--pad", "89"])
     report = json.loads(out.read_text())
     assert report["counts"]["eval_P_invalid"] == 2 and report["counts"]["eval_A_invalid"] == 2
-    assert [s["prompt"] for s in report["samples"]] == [parse_line(x).prompt for x in P_LINES[:2] + A_LINES[:2]]
+    # the report records its padding, which compare needs to rebuild the same prompts
+    assert report["pad"] == 89 and [s["prompt"] for s in report["samples"]] == [
+        repad(parse_line(x), 89).prompt for x in P_LINES[:2] + A_LINES[:2]]
     assert "wrote" in capsys.readouterr().out
 
 
@@ -430,6 +455,9 @@ def test_compare_refuses_a_changed_eval_set(tmp_path):
     unlabelled = [write_report(tmp_path / f"{name}.json", samples, ["garbage"] * 6, str(data), labels=False)
                   for name in ("b", "a")]
     assert ev.compare(*unlabelled)["eval_reward"][:3] == pytest.approx((-0.3, -0.3, 0.0))
+    data.write_text(header + "".join(lines[3:] + lines[:3]))  # other positions first: the prompts alone tell
+    with pytest.raises(ValueError, match="no longer holds the prompts and labels"):
+        ev.compare(*unlabelled)
 
 
 def test_compare_finds_a_shipped_set_recorded_by_another_checkout(tmp_path):
@@ -560,6 +588,38 @@ def test_paired_bootstrap_matches_the_normal_approximation():
     assert (b, a, d, n) == (0.0, 0.5, 0.5, 400)
     assert lo == pytest.approx(0.451, abs=0.01) and hi == pytest.approx(0.549, abs=0.01)
     assert list(rows) == ["m"]  # MAEs are not paired prompt by prompt
+
+
+def test_paired_bootstrap_equals_a_plain_loop_over_the_same_draws():
+    """Against a plain reference: the pairs where both sides are measured, each of n_boot resamples of their
+    deltas (drawn from default_rng([seed, n]), the docstring's seeding) averaged, the 2.5th and 97.5th percentiles
+    by linear interpolation between the sorted means. Lists of other lengths are not the same prompts: no row."""
+    before, after = [0.0, 1.0, 1.0, 0.0, 1.0, None, 0.5, 0.25], [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, 1.0]
+    pairs = [(b, a) for b, a in zip(before, after) if b is not None and a is not None]
+    n = len(pairs)
+    means = sorted(sum(pairs[i][1] - pairs[i][0] for i in row) / n
+                   for row in np.random.default_rng([3, n]).integers(0, n, (50, n)).tolist())
+
+    def percentile(q):
+        at = (len(means) - 1) * q / 100
+        return means[int(at)] + (means[min(int(at) + 1, len(means) - 1)] - means[int(at)]) * (at - int(at))
+    want = (sum(b for b, _ in pairs) / n, sum(a for _, a in pairs) / n, sum(a - b for b, a in pairs) / n,
+            percentile(2.5), percentile(97.5), n)
+    assert n == 6 and ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=50, seed=3)["m"] == pytest.approx(want)
+    assert ev.paired_bootstrap({"m": [1.0, 2.0], "x": [1.0]}, {"m": [1.0], "x": [0.0]}) == {"x": (1.0, 0.0, -1.0,
+                                                                                                -1.0, -1.0, 1)}
+
+
+def test_compare_refuses_a_report_whose_padding_or_size_no_report_holds(tmp_path):
+    """A report's pad is 89 or 90 (formats.PAD_WIDTHS), its n_per_task a positive integer: another value is named
+    in one sentence."""
+    samples = ev.held_out_samples(1)
+    good = write_report(tmp_path / "good.json", samples, ["garbage"] * 2)
+    for key, value in (("pad", 91), ("pad", "89"), ("n_per_task", 0), ("n_per_task", True)):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**json.loads(open(good).read()), key: value}))
+        with pytest.raises(ValueError, match=re.escape(f"{bad}: its {key!r} is {json.dumps(value)}, which no ")):
+            ev.compare(good, str(bad))
 
 
 def test_paired_bootstrap_pairs_prompts_and_shares_draws():

@@ -354,6 +354,17 @@ def test_exact_kl_and_entropy_keep_no_vocabulary_wide_temporaries_for_backward()
     assert saved_bytes(lambda: entropy(x, chunk_size=16).sum()) <= inputs
 
 
+def test_kl_and_entropy_of_no_positions_are_empty():
+    """A batch of no rows (N = 0) gives (0, T) values and an empty gradient, like the log-probs, not a reshape error."""
+    x = torch.randn(0, 5, 11, requires_grad=True)
+    ids = torch.zeros(0, 5, dtype=torch.long)
+    outs = [exact_kl(x, x.detach(), kl_type) for kl_type in ("forward", "reverse", "symmetric")]
+    outs += [entropy(x), token_logprobs(x, ids)]
+    assert all(o.shape == (0, 5) for o in outs)
+    sum(o.sum() for o in outs).backward()
+    assert x.grad.shape == x.shape
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.floats(-30, 30), st.one_of(st.floats(-30, 30), st.floats(-1e-6, 1e-6)))
 @example(0.0, 4e-8)  # fp32 exp(d) - d - 1 = -6e-8 here
@@ -409,6 +420,33 @@ def test_entropy_in_the_logprob_pass_matches_direct_computation(chunk_size):
     assert torch.equal(torch.autograd.grad((lp * w).sum(), x)[0], torch.autograd.grad((want * w).sum(), x)[0])
     lp_h, ent_h = head_logprobs(x, ids, 0.7, with_entropy=True, entropy_grad=False)  # grpo_loss's call
     assert torch.allclose(ent_h, ent, atol=1e-12, rtol=0) and torch.equal(lp_h, token_logprobs(x, ids, 0.7))
+
+
+def test_bf16_and_extreme_fp32_logits_are_computed_in_fp32():
+    """bf16 logits (and a bf16 output layer) give fp32 log-probs, entropies and KLs: those of the same values upcast
+    to fp32, not of a bf16 softmax. fp32 logits of ±80 at T = 0.7 (exp(228) overflows fp32) stay finite: every
+    path shifts by the row's maximum."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 50, generator=g) * 3
+    x[0, 0, :3] = torch.tensor([80.0, -80.0, 79.0])
+    ids = torch.randint(0, 50, (3, 7), generator=g)
+    for logits in (x.bfloat16(), x):
+        up = logits.float()
+        lp_all = torch.log_softmax(up / 0.7, -1)
+        want_lp, want_ent = lp_all.gather(-1, ids[..., None])[..., 0], -(lp_all.exp() * lp_all).sum(-1)
+        lp, ent = token_logprobs(logits, ids, 0.7, chunk_size=4, with_entropy=True)
+        assert lp.dtype == ent.dtype == entropy(logits, 0.7).dtype == torch.float32
+        assert torch.allclose(lp, want_lp, atol=1e-5) and torch.allclose(ent, want_ent, atol=1e-5)
+        assert torch.allclose(entropy(logits, 0.7), want_ent, atol=1e-5)
+        ref = logits.flip(-1)
+        want_kl = (lp_all.exp() * (lp_all - torch.log_softmax(ref.float() / 0.7, -1))).sum(-1)
+        assert torch.allclose(exact_kl(logits, ref, "forward", 0.7), want_kl, atol=1e-4)
+    h, w = torch.randn(3, 7, 16, generator=g).bfloat16(), (torch.randn(50, 16, generator=g) * 3).bfloat16()
+    lp_all = torch.log_softmax((h @ w.T).float() / 0.7, -1)  # the bf16 matmul's logits, upcast
+    lp, ent = head_logprobs(Head(h, w), ids, 0.7, chunk_size=4)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert torch.allclose(lp, lp_all.gather(-1, ids[..., None])[..., 0], atol=1e-5)
+    assert torch.allclose(ent, -(lp_all.exp() * lp_all).sum(-1), atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 64), (0.7, 5)])  # chunks that do not divide the positions

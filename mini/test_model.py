@@ -51,6 +51,22 @@ def test_logits_match_transformers_at_124m():
 
 
 @torch.no_grad()
+def test_logits_match_transformers_in_float64_with_any_padding():
+    """A small GPT-2 with weights large enough that attention is far from uniform, in float64, against transformers
+    to rounding: a row without a mask, and rows padded on the left, on the right and in the middle, with the
+    positions that count real tokens only (transformers takes them explicitly)."""
+    hf, ours = hf_and_ours(n_layer=2, n_head=4, n_embd=32, n_positions=32, std=0.3)
+    hf, ours = hf.double(), ours.double()
+    ids = torch.randint(0, 50256, (4, 12), generator=torch.Generator().manual_seed(0))
+    assert (ours(ids[:1]) - hf(ids[:1]).logits).abs().max() <= 1e-10
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[1, :5], mask[2, 8:], mask[3, 3:6] = 0, 0, 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ref = hf(ids, attention_mask=mask, position_ids=pos).logits
+    assert (ours(ids, mask) - ref)[mask.bool()].abs().max() <= 1e-10
+
+
+@torch.no_grad()
 def test_padding_never_leaks_into_real_positions():
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50)).eval()
@@ -125,6 +141,17 @@ def test_a_sequence_past_the_last_position_is_one_sentence():
     for run in (lambda: m.hidden(one_over), lambda: m.completion_hidden(one_over, torch.ones(2, 9), 4)):
         with pytest.raises(ValueError, match="sequence needs position 8 but the model has 8"):
             run()
+
+
+@torch.no_grad()
+def test_no_columns_or_no_suffix_give_empty_hidden_states():
+    """The edge shapes give what slicing the plain forward gives, not a reduction error in the position check:
+    a batch of no columns, and a shared-prefix forward whose start is at or past the last column."""
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=50)).eval()
+    ids, mask = torch.randint(0, 50, (2, 5)), torch.ones(2, 5)
+    assert m.hidden(ids[:, :0], mask[:, :0]).shape == (2, 0, 16)
+    for start in (5, 7):
+        assert m.completion_hidden(ids, mask, start).shape == m.hidden(ids, mask)[:, start:].shape == (2, 0, 16)
 
 
 def test_causal_mask_by_hand():

@@ -40,6 +40,9 @@ def engine():
     engine.quit()
 
 
+needs_stockfish = pytest.mark.usefixtures("engine")  # skipped, saying why, without Stockfish
+
+
 @pytest.fixture(scope="module")
 def games(engine):
     return [play_game(engine, random.Random(f"test-{i}")) for i in range(3)]
@@ -96,6 +99,8 @@ def test_a_bucket_takes_only_plies_whose_history_reaches_its_longest_length():
     records = game_env_records(short, random.Random(0), per_bucket=2)
     assert [history_bucket(len(h)) for _, _, h in records] == ["1-2", "1-2"]
     assert len(game_positions(short * 2, random.Random(0), 10)) == 4
+    records = game_env_records(HAND_GAMES, random.Random(0), per_bucket=2)  # plies 9 to 11 of ITALIAN_12 reach 6-10
+    assert [history_bucket(len(h)) for _, _, h in records] == ["1-2"] * 2 + ["3-5"] * 2 + ["6-10"] * 2
 
 
 def test_game_transitions_are_a_tenth_illegal_moves(games):
@@ -113,6 +118,7 @@ def test_a_capped_pool_is_the_first_of_the_full_one_and_cut_rate_shortens_histor
     assert mean_history(1.0) < mean_history(0.25) < mean_history(0.0)
 
 
+@needs_stockfish
 def test_a_further_pool_leaves_every_shipped_held_out_position_out(tmp_path, monkeypatch):
     """--eval_games 0: no held-out set is written, and the pool has no position of the shipped held-out sets (here
     a fake one that holds every position of the first training game)."""
@@ -132,6 +138,7 @@ def test_a_further_pool_leaves_every_shipped_held_out_position_out(tmp_path, mon
     assert not first & {position_key(f) for s in samples for f in (s.fen, s.next_fen) if f}
 
 
+@needs_stockfish
 def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
     annotate_main(["--games", "2", "--eval_games", "2", "--pool", "30", "--eval", "10", "--eval_transitions", "6",
@@ -149,6 +156,7 @@ def test_build_from_games_writes_disjoint_pool_and_eval(tmp_path):
     assert json.loads(ev.read_text().splitlines()[0])["meta"]["generator"] == "mini.positions.play_game"
 
 
+@needs_stockfish
 def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch, capsys):
     """Eval games that repeat the training games, or whose every position is in the shipped pool, leave the held-out
     set empty (only its header is written): no held-out P: position or A: transition, nor where its move leads, is
@@ -168,6 +176,16 @@ def test_no_held_out_position_is_one_that_training_reaches(tmp_path, monkeypatch
     assert f"the 1 games hold {held} positions for a pool of 100000; writing those" in capsys.readouterr().out
 
 
+@needs_stockfish
+def test_played_games_are_seeded_by_tag_and_number_whatever_the_workers(monkeypatch):
+    """Game i of play_games(tag, n, ...) is play_game under Random(f"{tag}-{i}"), in order, with one worker or two
+    (a stand-in game: its RNG's first draw), so that a rebuild plays the same games and eval and training differ."""
+    monkeypatch.setattr("mini.annotate.play_game", lambda engine, rng: ([f"{rng.random():.9f}"], "*"))
+    want = [([f"{random.Random(f't-{i}').random():.9f}"], "*") for i in range(5)]
+    assert play_games("t", 5, "", 1) == play_games("t", 5, "", 2) == want
+
+
+@needs_stockfish
 def test_played_games_are_kept_and_read_back(tmp_path, monkeypatch):
     games = play_games("kept", 1, "", 1, str(tmp_path))
     monkeypatch.setattr("mini.annotate.play_game", lambda *a: pytest.fail("a kept game was played again"))
@@ -197,6 +215,7 @@ def test_build_is_deterministic_and_excludes():
     assert a == build_mates(3, seed=3, max_plies=120) and len({position_key(r["fen"]) for r in a}) == 3
     b = build_mates(2, seed=3, max_plies=120, exclude={position_key(r["fen"]) for r in a[:2]})
     assert not {position_key(r["fen"]) for r in b} & {position_key(r["fen"]) for r in a[:2]}
+    assert len(build_mates(1, seed=11, max_plies=120)) == 1  # its first game holds two: n caps what is kept
 
 
 @pytest.mark.parametrize("per_game", [1, 2])
@@ -305,6 +324,11 @@ def test_a_piece_is_lost_where_a_cheaper_piece_or_any_piece_unopposed_takes_it(f
     ("4k3/8/8/8/8/8/8/1N2K3 w - - 0 1", "b1c3", 1 + 1 + 2),             # wide centre, develops from the back rank
     ("4k3/8/8/8/8/8/2p5/1N2K3 w - - 0 1", "b1a3", 1 + 2 + 4),           # develops and rescues a piece en prise
     ("4k3/8/8/8/4n3/3P4/8/4K3 w - - 0 1", "d3e4", 1 + 2 + 1 + 4 * 3),  # the pawn takes a knight: gain >= its value
+    ("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "b8c6", 1 + 1 + 2),  # Black develops from rank 8
+    ("4k3/1P6/8/8/8/8/8/4K3 w - - 0 1", "b7b8q", 1 + 4),               # a queen promotion
+    ("4k3/1P6/8/8/8/8/8/4K3 w - - 0 1", "b7b8n", 1),                   # an underpromotion: nothing more
+    ("4k3/8/3p4/4n3/8/5N2/6P1/4K3 w - - 0 1", "f3e5", 1 + 2 + 1 + 4 * 3),  # an even trade: no discount
+    ("4k3/8/8/3pP3/8/8/8/4K3 w - d6 0 2", "e5d6", 1 + 1 + 4 * 1),     # en passant takes a pawn from an empty square
 ])
 def test_random_play_weighs_moves_by_hand(fen, uci, weight):
     assert positions._weight(chess.Board(fen), chess.Move.from_uci(uci), 0.5) == pytest.approx(weight)
@@ -325,11 +349,12 @@ def test_random_play_draws_by_the_cubed_weights():
 def test_generated_positions_are_distinct_and_of_their_phase_in_the_documented_mix(monkeypatch):
     """iter_positions: ~20% openings, ~60% middlegames, ~20% endgames (of 150: within 3 standard deviations), an
     endgame with fewer than 14 pieces and the others with 14 or more, no position twice (a repeat is drawn again)."""
-    starts = iter(["e2e4", "e2e4", "d2d4", "e2e4", "g1f3"])
+    starts = iter(["e2e4", "e2e4", "e2e4", "d2d4", "e2e4", "g1f3"])  # a repeat drawn twice in a row is drawn again
     monkeypatch.setattr(positions, "random_position", lambda rng, phase: played(next(starts)))
     assert [fen for fen, _, _ in itertools.islice(iter_positions(0), 3)] == [played(m).fen() for m in ("e2e4", "d2d4", "g1f3")]
     monkeypatch.undo()
     drawn = list(itertools.islice(iter_positions(3), 150))
+    assert list(itertools.islice(iter_positions(3), 5)) == drawn[:5]  # the same seed, the same positions
     assert len({position_key(fen) for fen, _, _ in drawn}) == 150
     for fen, _, kind in drawn:
         assert (len(chess.Board(fen).piece_map()) < 14) == (kind == "endgame")
@@ -377,6 +402,11 @@ def test_phase_boundaries():
     assert phase(chess.Board("4k3/8/8/8/8/8/4P3/4K3 w - - 0 3")) == "opening"  # ply 4: few pieces, still the opening
 
 
+def test_history_buckets_by_length_edges_included():
+    """An A: history of 1-2, 3-5 or 6-10 half-moves (the move included) is in that bucket; others name themselves."""
+    assert [history_bucket(n) for n in range(12)] == ["0"] + ["1-2"] * 2 + ["3-5"] * 3 + ["6-10"] * 5 + ["11"]
+
+
 def test_game_fens_are_every_position_of_the_game_first_and_last_included():
     assert list(game_fens(["e2e4", "e7e5"])) == [chess.STARTING_FEN, board_after(["e2e4"]).fen(),
                                                  board_after(["e2e4", "e7e5"]).fen()]
@@ -411,6 +441,29 @@ def test_game_transitions_are_the_moves_played_after_the_moves_that_led_there():
                 assert kept == before
             elif before:
                 assert len(kept) < len(before)  # a cut is shorter
+    # a capped draw is uniform over the games' plies, not the first plies of the first game
+    capped = {f for f, _, _ in game_env_records(HAND_GAMES, random.Random(0), limit=6)}
+    assert len(capped) == 6 and capped - {board_after(ITALIAN_12[:i]).fen() for i in range(6)}
+
+
+SPECIAL_15 = "e2e4 d7d5 e4e5 f7f5 e5f6 b8c6 f6g7 e8f7 g7h8q g8f6 g1f3 a7a6 f1e2 a6a5 e1g1".split()  # e.p., =Q, O-O
+FOOLS_MATE = "f2f3 e7e5 g2g4 d8h4".split()
+LOYD_STALEMATE = ("e2e3 a7a5 d1h5 a8a6 h5a5 h7h5 h2h4 a6h6 a5c7 f7f6 c7d7 e8f7 d7b7 d8d3 b7b8 d3h7 b8c8 f7g6 "
+                  "c8e6").split()
+
+
+def test_special_moves_keep_their_game_history_and_next_position():
+    """En passant, a promotion, castling, a mate and a stalemate in games played by hand: each A: sample of the move
+    played is on the position before it, with the game's last moves as its history (the move and up to 9 before it:
+    short at the start) and the position after the move as its next one; the mate and the stalemate end the game."""
+    for moves in (SPECIAL_15, FOOLS_MATE, LOYD_STALEMATE):
+        board = chess.Board()
+        for ply, (fen, history, move) in enumerate(game_transitions(moves)):
+            s = random_env_sample(fen, history, Scripted([0.5]), move=move)  # 0.5: the legal band, the move played
+            assert (s.fen, s.move, s.history) == (board.fen(), moves[ply], moves[max(0, ply - 9):ply + 1])
+            board.push_uci(move)
+            assert s.next_fen == board.fen() and s.terminated == board.is_game_over() and not s.truncated
+        assert board.is_game_over() == (moves is not SPECIAL_15)
 
 
 def test_game_positions_are_drawn_over_every_ply():
@@ -423,6 +476,11 @@ def test_game_positions_are_drawn_over_every_ply():
         assert history == led[position_key(fen)][0][0] and name == phase(chess.Board(fen))
     first = [board_after(ITALIAN_12[:i]).fen() for i in range(6)]
     assert [f for f, _, _ in got] != first and {f for f, _, _ in got} - set(first)
+    # n = 0 draws none (it drew every position: --eval 0 held out all of them); excluded positions are never drawn
+    assert game_positions(HAND_GAMES, random.Random(0), 0) == []
+    drawn = {position_key(f) for f, _, _ in got}
+    rest = game_positions(HAND_GAMES, random.Random(0), 100, exclude=drawn)
+    assert len(rest) == len(led) - 6 and not drawn & {position_key(f) for f, _, _ in rest}
 
 
 CHECKS_10 = ["e2e4", "d7d5", "f1b5", "c7c6", "b5c6", "b8c6", "d1h5", "g8f6", "h5f7", "e8f7"]  # checks after plies 3, 5, 9
@@ -473,6 +531,7 @@ def test_quotas_add_up_to_n_by_the_largest_remainder():
                                                (1, "check=1.5", "between 0 and 1"),
                                                (1, "pin=-0.1", "between 0 and 1"),
                                                (1, "check=0.6,pin=0.5", "add up to 1.1"),
+                                               (1, "check=0.4,check=0.3", "'check' is named twice"),
                                                (1, "check=0.25,pin=0.25,king_square=0.25,unconstrained=0.15",
                                                 "name every class and add up to 0.9"),
                                                (0, "check=0.4", "--king_shares draw from played games")])
@@ -539,18 +598,38 @@ def test_games_open_with_up_to_four_random_plies_and_a_blunder_replaces_the_engi
     assert (len(moves), end) == (8, "max_plies") and len(opening) == 8
 
 
+def test_each_side_plays_its_own_style(monkeypatch):
+    """White blunders every ply and Black never (game_style is drawn for White first): the engine is asked for
+    Black's moves only, every one after the opening plies."""
+    opening = plain_style(monkeypatch)
+    styles = iter([{"nodes": 100, "temperature_cp": 10.0, "blunder_rate": rate} for rate in (1.0, 0.0)])
+    monkeypatch.setattr(positions, "game_style", lambda rng: next(styles))
+    monkeypatch.setattr(positions, "MAX_PLIES", 12)
+    asked = []
+
+    class Spy(FakeEngine):
+        def analyse(self, board, *a, **kw):
+            asked.append(board.turn)
+            return super().analyse(board, *a, **kw)
+    moves, end = play_game(Spy(lambda board, i: 0), random.Random(0))
+    assert (len(moves), end) == (12, "max_plies") and len(opening) + len(asked) == 12
+    assert set(asked) == {chess.BLACK} and len(asked) >= 4
+
+
 def test_resignation_after_four_lost_plies_in_about_half_the_games(monkeypatch):
     """A side scored beyond RESIGN_CP for RESIGN_PLIES plies in a row resigns on the 4th (3 engine moves played
     after the opening) in the games that resign, about half; the others play on to MAX_PLIES."""
     opening = plain_style(monkeypatch)
     monkeypatch.setattr(positions, "MAX_PLIES", 16)
-    ends = []
-    for seed in range(24):
-        opening.clear()
-        moves, end = play_game(steady(1000), random.Random(seed))
-        assert (end, len(moves)) in {("resignation", len(opening) + positions.RESIGN_PLIES - 1), ("max_plies", 16)}
-        ends.append(end)
-    assert 6 <= ends.count("resignation") <= 18
+    ends = collections.defaultdict(list)
+    for cp in (1000, positions.RESIGN_CP, -positions.RESIGN_CP):  # the bound counts as lost, for either side
+        for seed in range(24):
+            opening.clear()
+            moves, end = play_game(steady(cp), random.Random(seed))
+            assert (end, len(moves)) in {("resignation", len(opening) + positions.RESIGN_PLIES - 1), ("max_plies", 16)}
+            ends[cp].append(end)
+    assert ends[1000] == ends[positions.RESIGN_CP] == ends[-positions.RESIGN_CP]
+    assert 6 <= ends[1000].count("resignation") <= 18
     for seed in range(24):  # a playable ply every third breaks the run: nobody resigns
         moves, end = play_game(FakeEngine(lambda board, i: 0 if board.ply() % 3 == 0 else 1000), random.Random(seed))
         assert (end, len(moves)) == ("max_plies", 16)
@@ -561,8 +640,8 @@ def test_agreed_draw_after_draw_plies_level_plies_from_draw_from(monkeypatch):
     a lost one (a score of -1000 for the side to move) never is."""
     plain_style(monkeypatch)
     monkeypatch.setattr(positions, "DRAW_FROM", 10)
-    for seed in range(4):
-        moves, end = play_game(steady(0), random.Random(seed))
+    for seed, cp in itertools.product(range(4), (0, positions.DRAW_CP, -positions.DRAW_CP)):  # the bound is level
+        moves, end = play_game(steady(cp), random.Random(seed))
         assert (end, len(moves)) == ("agreed_draw", 10 + positions.DRAW_PLIES - 1)
     monkeypatch.setattr(positions, "MAX_PLIES", 10 + positions.DRAW_PLIES + 4)
     for seed in range(8):  # a lost game is not level, for either side: it is resigned or played on

@@ -404,6 +404,23 @@ def test_a_kill_between_a_checkpoint_and_its_checksum_leaves_the_new_one_readabl
     assert load_checkpoint(path)["step"] == 2
 
 
+def test_a_checkpoint_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    """A power loss must not leave the new name on an empty file: the .tmp's bytes are synced before the rename
+    and the directory (which holds the rename) after it."""
+    events, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"),
+                                                                     os.fstat(fd).st_size)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b, replace=os.replace: events.append(("replace", a)) or replace(a, b))
+    path = str(tmp_path / "chk_000001.pt")
+    save_checkpoint(path, {"step": 1, "w": torch.ones(100)})
+    tmp, at = path + ".tmp", {}
+    for i, e in enumerate(events):
+        at.setdefault(e[:2], i)
+    assert at[("fsync", tmp)] < at[("replace", tmp)] < at[("fsync", str(tmp_path))]
+    assert events[at[("fsync", tmp)]][2] > 400  # the whole file, not an empty one
+    assert torch.load(path, weights_only=True)["step"] == 1
+
+
 def test_latest_valid_checkpoint_is_the_highest_step_of_the_good_ones(tmp_path, capsys):
     """Regular, stable and recovery checkpoints compete by step; debug ones, damaged ones and non-finite ones
     never win."""

@@ -511,14 +511,20 @@ def test_a_diverged_run_saves_nothing_after_it(tmp_path, monkeypatch):
 
 
 def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):
-    """--grow_layers below the model's depth and --data_source selfplay (train.py's) stop before the first step with
-    one sentence, and the run directory that start made is removed, so that the name stays free."""
+    """--grow_layers below the model's depth stops before the first step with one sentence, and the run directory
+    that start made is removed, so that the name stays free. --data_source selfplay (games of the policy being
+    trained: train.py's) is refused by the parser, exit 2, before any run starts, and sft's --help does not offer it."""
     argv = TINY + ["--log_dir", str(tmp_path), "--steps", "1"]
     assert sft.main(argv + ["--run_name", "g", "--n_layer", "2", "--grow_layers", "1"]) == 1
     assert "--grow_layers 1 is fewer than the snapshot's 2 layers" in capsys.readouterr().err
-    assert sft.main(argv + ["--run_name", "s", "--data_source", "selfplay"]) == 1
-    assert "--data_source selfplay is train.py's" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        sft.main(argv + ["--run_name", "s", "--data_source", "selfplay"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--data_source: invalid choice: 'selfplay'" in err and "generate" in err and "selfplay'," not in err
     assert not (tmp_path / "g").exists() and not (tmp_path / "s").exists()
+    assert parse_args(["--data_source", "selfplay"], "train").data_source == "selfplay"
+
 
 if __name__ == "__main__":
     import sys
