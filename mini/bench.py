@@ -51,6 +51,14 @@ MODE_DEFAULTS = {"step": dict(n_layer=12, n_head=12, n_embd=768, prompts=64, k=1
                  "sampler": dict(n_layer=4, n_head=4, n_embd=256, prompts=4, k=4),
                  "scoring": dict(prompts=500),
                  "data": dict(prompts=512)}
+SHAPE, STEP = ("step", "sampler"), ("step",)
+FLAG_MODES = {  # the modes that read a flag (one not named here: every mode); given to another, it is refused
+    "n_layer": SHAPE, "n_head": SHAPE, "n_embd": SHAPE, "new_tokens": SHAPE, "bf16": SHAPE, "compile_decode": SHAPE,
+    "k": ("step", "sampler", "scoring"), "steps": ("step", "sampler", "data"), "device": ("step", "sampler", "scoring"),
+    "micro_batch_size": STEP, "compile": STEP, "auto_batch_size": STEP, "model_path": STEP, "real_lengths": STEP,
+    "shared_prefix_decode": STEP, "fused_logprobs": STEP, "peak_tflops": STEP, "peak_gbps": STEP,
+    "no_transformers": STEP, "no_trl": STEP, "trl_steps": STEP, "score_workers": ("step", "scoring"),
+    "engine": ("scoring",), "data_file": ("data",), "mix_env_ratio": ("data",)}
 GET_TRL = 'pip install -e ".[bench]"'
 
 
@@ -525,10 +533,13 @@ def main(argv=None):
     p.add_argument("--mix_env_ratio", type=float, default=0.4, help="data: the A: share of the batches")
     p.add_argument("--json", default="", metavar="PATH", help="write the figures to this JSON file")
     a = p.parse_args(argv)
-    if a.mode != "step" and a.model_path:
-        p.error(f"--model_path times a trained model in the step mode only; the {a.mode} mode would ignore it")
-    if a.data_file and a.mode != "data":
-        p.error(f"--data_file feeds the data mode only; the {a.mode} mode would ignore it")
+    words = sys.argv[1:] if argv is None else argv
+    given = {act.dest for act in p._actions for o in act.option_strings for w in words if w.split("=")[0] == o}
+    for name, modes in FLAG_MODES.items():  # a flag given where it does nothing: refused
+        if a.mode not in modes and name in given:
+            names = " and ".join([", ".join(modes[:-1]), modes[-1]] if len(modes) > 1 else modes)
+            p.error(f"--{name} is read by the {names} mode{'s' * (len(modes) > 1)} only; the {a.mode} mode would "
+                    "ignore it")
     if a.mode == "step" and a.model_path and not a.real_lengths:
         p.error("--model_path goes with --real_lengths: a trained model's rows stop at EOS, so the comparisons and "
                 "the decode bandwidth would count --new_tokens tokens that never ran")

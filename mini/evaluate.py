@@ -265,6 +265,9 @@ def report_path(parser, out, model_path, name, inputs=()):
     if any(real == os.path.realpath(path) for path in [*inputs, *snapshot] if path):
         parser.error(f"--out {out} would write the report over an input of this evaluation; give the report a "
                      "file of its own")
+    if os.path.isfile(real) and real.startswith(os.path.realpath(DATA_DIR) + os.sep):
+        parser.error(f"--out {out} would write the report over a file the project ships (mini/data/); give the "
+                     "report a file of its own")
     return out
 
 
@@ -372,6 +375,8 @@ def main(argv=None):
     if args.plot and not args.compare:
         p.error("--plot goes with --compare BEFORE AFTER")
     if args.compare:
+        if args.plot and any(os.path.realpath(args.plot) == os.path.realpath(r) for r in args.compare):
+            p.error(f"--plot {args.plot} would draw over a report it compares; give the plot a file of its own")
         if args.plot:
             try:
                 from mini.plots import compare_bars  # matplotlib is an optional extra: only --plot needs it
@@ -394,7 +399,7 @@ def main(argv=None):
         return
     if not args.model_path:
         p.error("--model_path is required (or --compare BEFORE AFTER)")
-    out = report_path(p, args.out, args.model_path, "eval.json", inputs=[args.data])
+    out = report_path(p, args.out, args.model_path, "eval.json", inputs=[args.data or EVAL_PATH])  # "": the shipped set
     if args.engine_quality and args.stockfish_path:  # a binary named and wrong: said now, not skipped at the end
         try:
             find_stockfish(args.stockfish_path)

@@ -160,7 +160,8 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     logp (N, T) with grad, old_logp (N, T), adv (N,) or per token (N, T) -> loss, stats (0-dim tensors)."""
     norm = norm or normalisers(mask)
     a = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
-    ratio = torch.exp(logp - old_logp.detach())  # (N, T)
+    # (N, T), 1 on padding: the models may disagree there past exp's range, and a masked inf has a NaN gradient
+    ratio = torch.exp(torch.where(mask.bool(), logp - old_logp.detach(), 0.0))
     surrogate = torch.min(ratio * a, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * a)
     loss = aggregate(-surrogate, mask, loss_type, norm)
     r, m = ratio.detach(), mask.bool()
@@ -286,7 +287,8 @@ def grpo_loss(logits, ids, mask, adv, s=LossSettings(), norm=None, *, old_logp=N
         with grad_if(s.kl_coef):
             if s.kl_type == "k3":
                 q = ref_logp if ref_logp is not None else head_logprobs(ref_logits, ids, s.temperature, False)[0]
-                kl_t = k3_kl(logp, q)  # (N, T)
+                # (N, T), 0 on padding, where q − p may overflow exp: a masked inf still gives a NaN gradient
+                kl_t = k3_kl(torch.where(mask.bool(), logp, q), q)
             else:
                 kl_t = exact_kl(logits_of(logits), logits_of(ref_logits), s.kl_type, s.temperature)
         loss = loss + s.kl_coef * agg(kl_t)

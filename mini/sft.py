@@ -223,7 +223,6 @@ def train_sft(cfg, run):
     if cfg.data_source == "generate" and cfg.data_workers:
         raise ValueError("--data_workers needs --data_source pool or file: generate's Stockfish engines cannot be "
                          "shared with worker processes (drop --data_workers)")
-    reporter = make_reporter(cfg.report_to, run.path, dataclasses.asdict(cfg))
     device = resolve_device(cfg.device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -243,14 +242,14 @@ def train_sft(cfg, run):
                                               persistent_workers=workers > 0, worker_init_fn=detach_worker))
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
-    log_file = open(run.file("sft.log"), "a")
 
-    def log(line):
+    def log(line):  # the file opened for each line, so that no way out of the run leaves it open
         tqdm.write(line)
-        log_file.write(line + "\n")
-        log_file.flush()
+        with open(run.file("sft.log"), "a") as f:
+            f.write(line + "\n")
 
-    log_file.write(f"config {json.dumps(dataclasses.asdict(cfg))}\n")  # the full settings, for the record
+    with open(run.file("sft.log"), "a") as log_file:
+        log_file.write(f"config {json.dumps(dataclasses.asdict(cfg))}\n")  # the full settings, for the record
     log(f"SFT of {model.num_params() / 1e6:.1f}M params on {device}: {cfg.steps} steps of {cfg.batch_size}, "
         f"A: share {cfg.mix_env_ratio}" + (f", time limit {cfg.time_limit_min} min" if cfg.time_limit_min > 0 else ""))
 
@@ -262,6 +261,8 @@ def train_sft(cfg, run):
     t0 = t_log = time.time()
     step, loss_sum, tokens = 0, 0.0, 0
     snapshot_step, snapshot_at = 0, 0.0  # the last snapshot on the way: its step, its seconds into the run
+    # made once setup has passed, so that a run refused at start leaves no empty run on W&B or TensorBoard
+    reporter = make_reporter(cfg.report_to, run.path, dataclasses.asdict(cfg))
     bar = tqdm(total=cfg.steps, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
     with StopSignals(announce) as stop:
         try:
@@ -320,7 +321,6 @@ def train_sft(cfg, run):
     if passes:
         log(f"P: positions: {passes[0]:,} distinct, each drawn about {passes[1]:.3g} times")
     log(f"done: {step} steps in {time.time() - t0:.0f} s, snapshot in {run.save_final(model, tok)}")
-    log_file.close()
     return signal_exit_code(stop.name) if stop.name and step < cfg.steps else 0  # stopped short: not finished
 
 

@@ -9,6 +9,7 @@ import os
 import queue
 import shutil
 import subprocess
+import threading
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 
@@ -25,6 +26,7 @@ MATE_CP = 100000  # to_cp's mate score: mate in n = +-(MATE_CP - n)
 MOVE_CACHE_RULE = 2  # move-cache lines of another rule are searched again (1: a mate after the move was one short)
 ENGINE_GRACE_S = 10.0  # what an engine call may take beyond its search: a busy machine
 HANDSHAKE_S = 10.0  # for an engine to start and answer `uci`
+HANDSHAKE_BYTES = 1 << 20  # of its answer read at most: Stockfish 15.1 answers in about 2 KB
 ENGINE_TRIES = 3  # a stuck or dying engine is restarted this many times less one, then the run stops
 
 
@@ -69,22 +71,62 @@ def find_stockfish(path=""):
                                 "or point --stockfish_path at the binary.")
     if found not in ENGINE_NAMES:
         try:
-            done = subprocess.run([found], input="uci\nquit\n", capture_output=True, text=True, timeout=HANDSHAKE_S)
-        except subprocess.TimeoutExpired:  # run() kills and reaps it
+            answer, returncode = uci_handshake(found)
+        except subprocess.TimeoutExpired:
             raise FileNotFoundError(f"{found} did not answer `uci` within {HANDSHAKE_S:.0f} s; point "
                                     "--stockfish_path at a working Stockfish binary") from None
         except OSError as e:
             raise FileNotFoundError(f"{found} cannot be started ({e.strerror}); point --stockfish_path at the "
                                     "Stockfish binary") from None
-        if done.returncode < 0 and "uciok" not in done.stdout:  # killed while it answered: not a verdict on it
-            raise FileNotFoundError(f"{found} was killed by signal {-done.returncode} during its `uci` handshake; "
+        if returncode is not None and returncode < 0 and "uciok" not in answer:  # killed while it answered
+            raise FileNotFoundError(f"{found} was killed by signal {-returncode} during its `uci` handshake; "
                                     "run again, or point --stockfish_path at a working Stockfish binary")
-        if "uciok" not in done.stdout:
+        if "uciok" not in answer:
             raise FileNotFoundError(f"{found} is not a UCI chess engine (it did not answer `uci` with `uciok`); "
                                     "point --stockfish_path at the Stockfish binary")
-        ENGINE_NAMES[found] = next((line[8:].strip() for line in done.stdout.splitlines()
+        ENGINE_NAMES[found] = next((line[8:].strip() for line in answer.splitlines()
                                     if line.startswith("id name ")), "unnamed engine")
     return found
+
+
+def uci_handshake(path):
+    """(what `path` answers to `uci` then `quit`, up to its `uciok` and at most HANDSHAKE_BYTES, as text; its
+    return code, None if it was still running and was killed). Read in bounded chunks: a program that writes
+    without end (`yes`) is cut off, not kept in memory for HANDSHAKE_S. TimeoutExpired after HANDSHAKE_S
+    without `uciok` or the end of its output; the process is always killed and reaped."""
+    proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    answer = bytearray()
+
+    def read():
+        while len(answer) < HANDSHAKE_BYTES and b"uciok" not in answer:
+            chunk = proc.stdout.read1(1 << 16)
+            if not chunk:
+                break
+            answer.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        try:
+            proc.stdin.write(b"uci\nquit\n")
+            proc.stdin.close()
+        except OSError:  # it exited, or closed its input, without reading: its output says what it is
+            pass
+        reader.join(HANDSHAKE_S)
+        if reader.is_alive():
+            raise subprocess.TimeoutExpired(path, HANDSHAKE_S)
+        try:  # `quit` ends an engine at once; one cut off at HANDSHAKE_BYTES is still writing
+            returncode = proc.wait(timeout=1.0) if len(answer) < HANDSHAKE_BYTES else None
+        except subprocess.TimeoutExpired:
+            returncode = None
+        # errors="replace": a binary that answers in other bytes (gzip, say) is not a UCI engine, not a traceback
+        return answer.decode("utf-8", errors="replace"), returncode
+    finally:
+        proc.kill()  # no-op once it has exited
+        proc.wait()
+        reader.join(1.0)  # a child it left behind may hold the pipe open: the daemon reader is then abandoned
+        if not reader.is_alive():
+            proc.stdout.close()
 
 
 ENGINE_NAMES = {}  # binary -> its UCI `id name`, for the binaries that speak UCI
@@ -174,6 +216,8 @@ class Annotator:
         for _ in range(self.workers):
             self.idle.put(None)
         for r in read_jsonl(cache_path, keys=("fen", "moves", "evals")):
+            if not isinstance(r["fen"], str):  # another JSON type where the position goes: a damaged line
+                continue
             if r.get("limit") == self.tag and r.get("multipv") == multipv and r.get("engine") == self.engine:
                 self.cache[r["fen"]] = (r["moves"], r["evals"])
         self.move_cache_path, self.move_cache, self.move_cache_read = move_cache_path, {}, 0
@@ -299,7 +343,7 @@ class Annotator:
             if not (isinstance(r, dict) and {"fen", "move"} <= r.keys()):  # damaged bytes: searched again
                 continue
             if (r.get("limit") == self.tag and r.get("engine") == self.engine and r.get("rule") == MOVE_CACHE_RULE
-                    and "cp" in r):
+                    and "cp" in r and isinstance(r["fen"], str) and isinstance(r["move"], str)):
                 self.move_cache[r["fen"], r["move"]] = r["cp"]
 
     def evals_after(self, pairs):

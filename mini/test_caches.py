@@ -94,14 +94,56 @@ def test_a_move_cache_line_still_being_written_is_read_once_it_is_whole(tmp_path
 
 @needs_stockfish
 def test_a_damaged_move_cache_line_is_read_past_not_a_traceback(tmp_path):
-    """Lines that are JSON but not a record (a number, a list, a record without its position, nesting too deep for
-    the parser) are skipped like a cut-off line: the records around them are read."""
+    """Lines that are JSON but not a record (a number, a list, a record without its position or its eval, or with a
+    position or move that is not text, nesting too deep for the parser) are skipped like a cut-off line: the
+    records around them are read."""
     cache = tmp_path / "moves.jsonl"
     damaged = ["123", "[1, 2]", '"text"', json.dumps({k: v for k, v in move_record().items() if k != "fen"}),
-               "[" * 100_000 + "]" * 100_000]
+               "[" * 100_000 + "]" * 100_000, json.dumps(move_record(fen=[START])), json.dumps(move_record(move={})),
+               json.dumps({k: v for k, v in move_record(move="d2d4").items() if k != "cp"})]
     cache.write_text("\n".join(damaged + [json.dumps(move_record())]) + "\n")
     with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
         assert ann.move_cache == {(START, "e2e4"): 12345}
+
+
+@needs_stockfish
+def test_a_label_line_whose_position_is_not_text_is_read_past(tmp_path):
+    """A label record of this Annotator's settings whose fen is a list or an object (damaged or hand-edited): skipped,
+    not an unhashable-key traceback when the cache loads; the whole record after it is read."""
+    cache = str(tmp_path / "labels.jsonl")
+    append_jsonl(cache, [label_record(fen=[START]), label_record(fen={"a": 1}), label_record()])
+    with Annotator(workers=1, cache_path=cache, depth=2) as ann:
+        assert ann.cache == {START: PLANTED}
+
+
+@needs_stockfish
+def test_a_pair_asked_twice_in_one_call_is_looked_up_once(tmp_path):
+    cache = tmp_path / "moves.jsonl"
+    append_jsonl(str(cache), [move_record()])
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        assert ann.evals_after([(START, "e2e4")] * 3) == {(START, "e2e4"): 12345}
+        assert ann.stats == {"hits": 1, "misses": 0, "rejected": 0, "seconds": 0.0}
+
+
+@needs_stockfish
+def test_an_engine_answer_without_a_score_is_rejected_not_a_traceback(tmp_path):
+    """A search whose info holds no score (an engine that answers bestmove alone): None, rejected, not cached."""
+    cache = tmp_path / "moves.jsonl"
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        ann._with_engine = lambda work, fen: {}
+        assert ann.evals_after([(START, "e2e4")]) == {(START, "e2e4"): None}
+        assert (ann.stats["misses"], ann.stats["rejected"], ann.move_cache) == (1, 1, {}) and not cache.exists()
+
+
+@needs_stockfish
+def test_a_finished_position_has_no_label_one_sentence_and_nothing_cached(tmp_path):
+    """A position with no legal move (mate, stalemate): the engine gives a line without a move; a ValueError that
+    names the position, not a KeyError, and no label written."""
+    cache, mated = tmp_path / "labels.jsonl", "R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1"
+    with Annotator(workers=1, cache_path=str(cache), depth=2) as ann:
+        with pytest.raises(ValueError, match=f"^no legal move to annotate in {mated}$"):
+            ann.annotate([mated])
+    assert not cache.exists()
 
 
 @needs_stockfish

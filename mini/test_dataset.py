@@ -21,8 +21,8 @@ from mini import dataset
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
                           load_text, make_source, parsed_lines, record_keys, shows_held_out)
-from mini.formats import (env_completion, env_sample, legal_ucis, parse_line, placement, policy_prompt, policy_sample,
-                          position_key)
+from mini.formats import (board_key, env_completion, env_sample, legal_ucis, parse_line, placement, policy_prompt,
+                          policy_sample, position_key)
 from mini.positions import generate_positions, iter_positions, random_env_sample
 from mini.stockfish import Annotator
 from mini.test_annotate import needs_stockfish
@@ -155,6 +155,17 @@ def test_shows_held_out_answers_as_a_board_for_every_sample_would():
     answers = [shows_held_out(s, held_out) for s in samples]
     assert answers == [keyed(s) for s in samples]
     assert all(answers[400:400 + len(ev) + 2]) and not any(answers[:400])
+
+
+def test_an_a_sample_whose_move_leads_onto_a_held_out_position_shows_it():
+    """The next position an A: answer writes counts as shown (keyed by its first four FEN fields), its own not held
+    out; an illegal move (truncated: the position stays) or a P: sample of the same position shows nothing."""
+    after = chess.Board()
+    after.push_uci("e2e4")
+    held_out = frozenset({board_key(after)})
+    assert shows_held_out(env_sample(START, "e2e4", ["e2e4"]), held_out)
+    assert not shows_held_out(env_sample(START, "e2e5", ["e2e5"]), held_out)
+    assert not shows_held_out(policy_sample(START, ["e2e4"], [0.3]), held_out)
 
 
 def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
@@ -393,9 +404,10 @@ def test_several_data_files_are_one_source_and_each_rank_draws_with_its_own_seed
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text(P_LINES[0] + "\n")
     b.write_text(P_LINES[1] + "\n" + A_LINES[0] + "\n")
-    cfg = Config(data_source="file", data_file=f"{a},{b}")
+    cfg = Config(data_source="file", data_file=f"{a},{b}", mix_env_ratio=0.6)
     source = make_source(cfg)
     assert [s.fen for s in source.policy] == [parse_line(x).fen for x in P_LINES[:2]] and len(source.env) == 1
+    assert source.env_ratio == 0.6  # --mix_env_ratio's A: share
     for rank in (0, 1, 3):
         assert make_source(cfg, rank=rank).rng.getstate() == random.Random(cfg.seed + rank).getstate()
 
@@ -413,6 +425,8 @@ def test_no_skip_bad_lines_stops_at_a_data_files_first_bad_line_and_no_samples_i
             make_source(Config(data_source="file", data_file=str(path), skip_bad_lines=False))
     with pytest.raises(ValueError, match="no samples to draw training prompts from"):
         PoolSource([])
+    with pytest.raises(ValueError, match="--data_source file needs --data_file PATH"):  # not a file named ''
+        make_source(Config(data_source="file"))
 
 
 def phase_of(board):
@@ -634,10 +648,12 @@ def test_stream_source_labels_no_more_than_ahead_positions_before_they_are_neede
 
 
 def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):
-    """--data_source generate with --policy_pad 89: the stream's P: prompts are 89 wide, as the pool's are."""
+    """--data_source generate with --policy_pad 89: the stream's P: prompts are 89 wide, as the pool's are; each
+    keeps the moves that led to its position (the replay buffer extends them with the best move)."""
     monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
     drawn = StreamSource(LabelsAhead(), env_ratio=0.0, seed=0, ahead=2, pads=(89,)).draw(2)
     assert [s.prompt for s in drawn] == [policy_prompt(s.fen, 89) for s in drawn]
+    assert [s.history for s in drawn] == [h for _, h, _ in itertools.islice(iter_positions(0), 2)] and drawn[0].history
     assert {len(s.prompt) for s in drawn} == {3 + 88}
 
 

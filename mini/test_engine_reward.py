@@ -7,15 +7,17 @@ import json
 import math
 import os
 import signal
+import time
 
 import chess
 import pytest
 
+from mini import stockfish
 from mini.config import Config
 from mini.formats import parse_line, policy_completion, policy_sample
 from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engine_reward, group_chunks, move_quality,
                                 move_score, score, score_batch, score_chunk, win_prob)
-from mini.stockfish import MATE_CP, Annotator, EngineFailure, find_stockfish
+from mini.stockfish import ENGINE_NAMES, MATE_CP, Annotator, EngineFailure, find_stockfish
 from mini.test_formats import P_LINES
 
 try:
@@ -134,6 +136,65 @@ def test_missing_stockfish_fails_in_one_sentence():
     with pytest.raises(FileNotFoundError, match=r"^--p_reward engine needs Stockfish, which was not found .*"
                                                 r"apt-get install stockfish.*--stockfish_path"):
         engine_reward(Config(p_reward="engine", stockfish_path="/nonexistent/stockfish"))
+
+
+def script(tmp_path, name, body):
+    """An executable file of these bytes, for find_stockfish to try."""
+    path = tmp_path / name
+    path.write_bytes(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_binary_that_answers_in_other_bytes_is_not_a_uci_engine(tmp_path):
+    """--stockfish_path at gzip, say, which answers `uci` with compressed bytes: one sentence, not a
+    UnicodeDecodeError."""
+    fake = script(tmp_path, "gzipish", b"#!/bin/sh\nprintf '\\037\\213\\377\\376'\n")
+    with pytest.raises(FileNotFoundError, match=r"gzipish is not a UCI chess engine .* --stockfish_path"):
+        find_stockfish(fake)
+
+
+def test_a_program_that_writes_without_end_is_cut_off_not_kept(tmp_path, monkeypatch):
+    """--stockfish_path at `yes`: its answer is read up to HANDSHAKE_BYTES, then it is killed, one sentence at
+    once; not gigabytes kept for HANDSHAKE_S (a `uciok` past the cap is not looked for)."""
+    monkeypatch.setattr(stockfish, "HANDSHAKE_BYTES", 1000)
+    read = []
+    handshake = stockfish.uci_handshake
+    monkeypatch.setattr(stockfish, "uci_handshake", lambda path: read.append(handshake(path)) or read[-1])
+    endless = script(tmp_path, "endless", b"#!/bin/sh\nwhile :; do echo 'id author y'; done\necho uciok\n")
+    t0 = time.time()
+    with pytest.raises(FileNotFoundError, match=r"endless is not a UCI chess engine"):
+        find_stockfish(endless)
+    answer, returncode = read[0]
+    assert 1000 <= len(answer) < 1000 + (1 << 16) and returncode is None and time.time() - t0 < 5
+
+
+@pytest.mark.parametrize("body", [b"#!/bin/sh\nexec sleep 10\n", b"#!/bin/sh\nsleep 10\n"])
+def test_a_program_that_never_answers_times_out_in_one_sentence(tmp_path, monkeypatch, body):
+    """Silent past HANDSHAKE_S: one sentence, the program killed; a child it started that keeps the output
+    open (the shell's `sleep`) does not hold the caller."""
+    monkeypatch.setattr(stockfish, "HANDSHAKE_S", 1.0)
+    silent = script(tmp_path, "silent", body)
+    t0 = time.time()
+    with pytest.raises(FileNotFoundError, match=r"silent did not answer `uci` within 1 s; point --stockfish_path"):
+        find_stockfish(silent)
+    assert time.time() - t0 < 5
+
+
+def test_an_engines_name_is_its_uci_id_name(tmp_path):
+    """The name that keys the caches is the text of `id name`, whole; an engine without one is "unnamed engine"."""
+    named = script(tmp_path, "named", b"#!/bin/sh\necho 'id author Someone'\necho 'id name FakeFish 2.1'\necho uciok\n")
+    unnamed = script(tmp_path, "unnamed", b"#!/bin/sh\necho uciok\n")
+    assert find_stockfish(named) == named and ENGINE_NAMES[named] == "FakeFish 2.1"
+    assert find_stockfish(unnamed) == unnamed and ENGINE_NAMES[unnamed] == "unnamed engine"
+
+
+def test_a_file_that_cannot_be_run_is_one_sentence(tmp_path):
+    """An executable file the system cannot start (no #! line, not a program): one sentence, no traceback."""
+    bad = script(tmp_path, "notaprogram", b"\x00\x01\x02 not a program")
+    with pytest.raises(FileNotFoundError, match=r"notaprogram cannot be started \(Exec format error\); point "
+                                                r"--stockfish_path at the Stockfish binary"):
+        find_stockfish(bad)
 
 
 def test_engine_metrics_sum_processes():

@@ -197,7 +197,9 @@ def test_random_model_is_invalid(held_out):
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, n_positions=256))
     samples = held_out[:3] + held_out[6:9]
     metrics, completions = ev.evaluate(model, TOK, samples, max_new_tokens=12, batch_size=4)
-    assert len(completions) == 6 and any(completions)
+    assert len(completions) == 6 and any(completions) and model.training  # a training model is left training
+    ev.complete_texts(model.eval(), TOK, [samples[0].prompt], max_new_tokens=1)
+    assert not model.training  # and one in eval mode (train.py's reference) is left in eval mode
     assert metrics["eval_P_invalid"] == metrics["eval_A_invalid"] == 1.0
     assert metrics["eval_reward"] == pytest.approx(-0.3)
     assert "eval_P_eval_mae" not in metrics and "eval_A_reward_mae" not in metrics  # MAEs: valid ones only
@@ -342,6 +344,40 @@ def test_a_report_over_an_input_is_refused_before_the_evaluation(snapshot, tmp_p
     assert all(open(path).read() == text for path, text in kept.items())
 
 
+def test_the_default_eval_set_and_compared_reports_are_inputs_no_output_overwrites(snapshot, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Without --data the shipped eval set is the input: --out naming it is refused as --out naming a --data file is
+    (here a stand-in copy, so that a failure cannot touch the real one); --plot naming a report it compares is
+    refused before the comparison, the report left whole."""
+    stand_in = tmp_path / "eval.jsonl"
+    stand_in.write_text(open(EVAL_PATH).read())
+    monkeypatch.setattr(ev, "EVAL_PATH", str(stand_in))
+    reports = garbage_then_labels(tmp_path)
+    kept = {path: open(path).read() for path in (str(stand_in), *reports)}
+    for argv in (["--model_path", snapshot, "--n", "1", "--max_new_tokens", "2", "--out", str(stand_in)],
+                 ["--compare", *reports, "--plot", reports[1]]):
+        with pytest.raises(SystemExit) as stop:
+            ev.main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and re.search("over an input of this evaluation|over a report it compares", err)
+    assert all(open(path).read() == text for path, text in kept.items())
+
+
+def test_a_report_never_goes_over_a_shipped_file(snapshot, tmp_path, capsys, monkeypatch):
+    """--out naming a file under mini/data/ (another held-out set, the pool, a model's file) is refused before the
+    evaluation, here with a stand-in folder; chess_eval.py's reports take the same path check."""
+    shipped = tmp_path / "data"
+    (shipped / "m").mkdir(parents=True)
+    for name in ("eval_games.jsonl", "m/config.json"):
+        (shipped / name).write_text("kept")
+    monkeypatch.setattr(ev, "DATA_DIR", str(shipped))
+    for name in ("eval_games.jsonl", "m/config.json"):
+        with pytest.raises(SystemExit) as stop:
+            ev.main(["--model_path", snapshot, "--n", "1", "--max_new_tokens", "2", "--out", str(shipped / name)])
+        assert stop.value.code == 2 and "over a file the project ships (mini/data/)" in capsys.readouterr().err
+        assert (shipped / name).read_text() == "kept"
+
+
 def test_cli_text_file(snapshot, tmp_path, capsys):
     data, out = tmp_path / "lines.txt", tmp_path / "sub" / "report.json"
     data.write_text("\n".join(P_LINES + A_LINES) + "\n")
@@ -350,6 +386,7 @@ def test_cli_text_file(snapshot, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["counts"]["eval_P_invalid"] == 2 and report["counts"]["eval_A_invalid"] == 2
     # the report records its padding, which compare needs to rebuild the same prompts
+    assert report["max_new_tokens"] == 4  # compare refuses reports whose completions were cut at other lengths
     assert report["pad"] == 89 and [s["prompt"] for s in report["samples"]] == [
         repad(parse_line(x), 89).prompt for x in P_LINES[:2] + A_LINES[:2]]
     assert "wrote" in capsys.readouterr().out
@@ -510,6 +547,10 @@ def test_compare_names_a_file_that_is_not_a_report(tmp_path):
         ev.main(["--compare", good, str(chess)])
     with pytest.raises(ValueError, match=re.escape(f"{bad} is not JSON")):
         ev.compare(str(bad), good)
+    report = json.loads(open(good).read())
+    bad.write_text(json.dumps({**report, "samples": [{"prompt": x["prompt"]} for x in report["samples"]]}))
+    with pytest.raises(ValueError, match=re.escape(f"{bad}: its 'samples' is ")):  # no completion to score
+        ev.compare(good, str(bad))
 
 
 class FailingEngine:
@@ -593,21 +634,28 @@ def test_paired_bootstrap_matches_the_normal_approximation():
 def test_paired_bootstrap_equals_a_plain_loop_over_the_same_draws():
     """Against a plain reference: the pairs where both sides are measured, each of n_boot resamples of their
     deltas (drawn from default_rng([seed, n]), the docstring's seeding) averaged, the 2.5th and 97.5th percentiles
-    by linear interpolation between the sorted means. Lists of other lengths are not the same prompts: no row."""
-    before, after = [0.0, 1.0, 1.0, 0.0, 1.0, None, 0.5, 0.25], [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, 1.0]
-    pairs = [(b, a) for b, a in zip(before, after) if b is not None and a is not None]
-    n = len(pairs)
-    means = sorted(sum(pairs[i][1] - pairs[i][0] for i in row) / n
-                   for row in np.random.default_rng([3, n]).integers(0, n, (50, n)).tolist())
+    by linear interpolation between the sorted means (continuous deltas too, whose sorted means differ, so that
+    the interpolation shows). Lists of other lengths are not the same prompts: no row."""
+    def plain(before, after, n_boot, seed):
+        pairs = [(b, a) for b, a in zip(before, after) if b is not None and a is not None]
+        n = len(pairs)
+        means = sorted(sum(pairs[i][1] - pairs[i][0] for i in row) / n
+                       for row in np.random.default_rng([seed, n]).integers(0, n, (n_boot, n)).tolist())
 
-    def percentile(q):
-        at = (len(means) - 1) * q / 100
-        return means[int(at)] + (means[min(int(at) + 1, len(means) - 1)] - means[int(at)]) * (at - int(at))
-    want = (sum(b for b, _ in pairs) / n, sum(a for _, a in pairs) / n, sum(a - b for b, a in pairs) / n,
-            percentile(2.5), percentile(97.5), n)
-    assert n == 6 and ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=50, seed=3)["m"] == pytest.approx(want)
+        def percentile(q):
+            at = (len(means) - 1) * q / 100
+            return means[int(at)] + (means[min(int(at) + 1, len(means) - 1)] - means[int(at)]) * (at - int(at))
+        return (sum(b for b, _ in pairs) / n, sum(a for _, a in pairs) / n, sum(a - b for b, a in pairs) / n,
+                percentile(2.5), percentile(97.5), n)
+    before, after = [0.0, 1.0, 1.0, 0.0, 1.0, None, 0.5, 0.25], [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, 1.0]
+    assert ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=50, seed=3)["m"] == pytest.approx(
+        plain(before, after, 50, 3)) and plain(before, after, 50, 3)[-1] == 6
+    before, after = np.random.default_rng(0).random(9).tolist(), np.random.default_rng(1).random(9).tolist()
+    assert ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=30, seed=4)["m"] == pytest.approx(
+        plain(before, after, 30, 4), rel=1e-12)
     assert ev.paired_bootstrap({"m": [1.0, 2.0], "x": [1.0]}, {"m": [1.0], "x": [0.0]}) == {"x": (1.0, 0.0, -1.0,
                                                                                                 -1.0, -1.0, 1)}
+    assert ev.paired_bootstrap({"m": [None, 1.0]}, {"m": [0.0, None]}) == {}  # no pair measured on both sides: no row
 
 
 def test_compare_refuses_a_report_whose_padding_or_size_no_report_holds(tmp_path):

@@ -50,6 +50,7 @@ def test_group_advantages_hand_example():
     assert torch.allclose(adv, torch.tensor(want), atol=1e-6)
     assert adv[4:8].eq(0).all()  # exactly zero, though 4 * 0.2124 / 4 need not equal 0.2124
     assert stats["zero_var_share"] == pytest.approx(1 / 3)
+    assert stats["adv_abs_mean"] == pytest.approx((4 * 0.5 / s1 + 2 * 0.5 / s3) / 12, abs=1e-6)  # mean |Â|
 
     centred = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 0, -0.5, 0]
     adv_b, _ = group_advantages(r, 4, scale_rewards="batch")
@@ -191,6 +192,28 @@ def test_policy_loss_matches_naive_loop(loss_type):
     assert n_low > 0 and n_high > 0
 
 
+def test_per_token_advantages_weigh_each_token_by_its_own():
+    """GAE's advantages (N, T): on-policy (ratio 1) the loss is −aggregate(Â), each token by its own Â; a clipped
+    token counts by its own Â's sign. Row 0: Â = 1, 3 (100 on padding); row 1: Â = −2, 4, 0.5."""
+    adv = torch.tensor([[1.0, 3.0, 100.0], [-2.0, 4.0, 0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    loss, stats = policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), adv, mask)
+    assert loss.item() == pytest.approx(-((1 + 3) / 2 + (-2 + 4 + 0.5) / 3) / 2)
+    ratio = torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 1.0]])  # clipped: high (0, 0) and (1, 1), low (1, 0)
+    _, stats = policy_loss(ratio.log(), torch.zeros(2, 3), adv, mask)
+    assert stats["clip_high_frac"] == pytest.approx(2 / 5) and stats["clip_low_frac"] == pytest.approx(1 / 5)
+
+
+def test_on_policy_tokens_count_as_unclipped_even_at_clip_ranges_of_0():
+    """The first epoch's ratio is exactly 1: at --clip_eps_low 0 and --clip_eps_high 0 it sits on both bounds, where
+    the gradient still flows (REINFORCE's), so no token counts as clipped."""
+    logp = torch.randn(2, 3, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    loss, stats = policy_loss(logp, logp, torch.tensor([1.0, -1.0]), torch.ones(2, 3), 0.0, 0.0)
+    assert stats == {"clip_frac": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_mean": 1.0}
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0], [1.0]]).expand(2, 3) / 6)
+
+
 def test_dr_grpo_divides_by_the_generation_budget_by_hand():
     """Dr. GRPO: Σ_i Σ_t x_it / (G · MAX_TOKENS), MAX_TOKENS the budget, not the batch's longest completion."""
     x = torch.tensor([[1.0, 2.0, 0.0, 0.0], [3.0, 4.0, 5.0, 6.0]])
@@ -209,6 +232,16 @@ def test_a_batch_without_real_tokens_aggregates_to_zero(loss_type):
     mask = torch.zeros(2, 3)
     assert normalisers(mask)["n_tokens"] == 1
     assert aggregate(torch.randn(2, 3), mask, loss_type).item() == 0.0
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_padding_that_holds_inf_or_nan_leaves_the_aggregate_as_it_is(loss_type):
+    """A token term on padding can overflow (a ratio or k3 of log-probs of tokens nobody sampled): aggregate selects
+    the real tokens rather than multiplying by the mask, for inf · 0 is NaN."""
+    x = torch.tensor([[1.0, 2.0, math.inf], [3.0, math.nan, -math.inf]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    want = {"grpo": (3 / 2 + 3) / 2, "dr_grpo": 6 / (2 * 3), "dapo": 6 / 3}[loss_type]
+    assert aggregate(x, mask, loss_type).item() == pytest.approx(want)
 
 
 def test_aggregate_rejects_unknown_type():
@@ -267,10 +300,68 @@ def test_grpo_loss_terms_and_on_policy_default():
     _, m_no_ref = grpo_loss(logits, ids, mask, adv)
     assert "kl" not in m_no_ref
     values, returns = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)  # the critic at --value_coef
-    critic_loss, critic = grpo_loss(logits, ids, mask, adv, LossSettings(value_coef=0.4), values=values,
-                                    old_values=values, returns=returns)
+    old_values = values + 0.3 * torch.randn(8, 6, generator=g)  # --value_clip 0.05 clips some
+    critic_loss, critic = grpo_loss(logits, ids, mask, adv, LossSettings(value_coef=0.4, value_clip=0.05),
+                                    values=values, old_values=old_values, returns=returns)
     assert critic_loss.item() == pytest.approx(critic["policy_loss"].item() + 0.4 * critic["value_loss"].item(),
-                                               abs=1e-6)
+                                               abs=1e-6)  # the metric unweighted, aggregated like the policy loss
+    assert critic["value_loss"].item() == pytest.approx(value_loss(values, old_values, returns, mask, 0.05).item())
+    assert critic["value_loss"].item() != pytest.approx(value_loss(values, old_values, returns, mask, 0.2).item())
+
+
+def test_grpo_loss_and_gradient_equal_a_naive_float64_loop():
+    """Every term sends its gradient: the clipped surrogate (ε_low 0.1, ε_high 0.3, ratios on both sides), β·k3 and
+    −c_H·entropy, each per token at the temperature, against autograd through a loop over the real tokens."""
+    logits, ids, mask, old_logp, g = batch()
+    logits, old_logp = logits.double(), old_logp.double()
+    q = token_logprobs(logits + 0.5 * torch.randn(logits.shape, generator=g, dtype=torch.float64), ids, 0.8)
+    adv = torch.randn(8, generator=g, dtype=torch.float64)
+    s = LossSettings(temperature=0.8, clip_eps_low=0.1, clip_eps_high=0.3, loss_type="dapo", kl_coef=0.1,
+                     entropy_coef=0.05)
+    x, y = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    loss, m = grpo_loss(x, ids, mask, adv, s, old_logp=old_logp, ref_logp=q)
+    loss.backward()
+    terms, clipped = [], 0
+    for i in range(8):
+        for t in range(LENS[i]):
+            lp_all = torch.log_softmax(y[i, t] / 0.8, -1)
+            lp, d = lp_all[ids[i, t]], q[i, t] - lp_all[ids[i, t]]
+            rho = torch.exp(lp - old_logp[i, t])
+            clipped += bool(rho < 0.9 and adv[i] < 0 or rho > 1.3 and adv[i] > 0)
+            terms.append(-torch.min(rho * adv[i], rho.clamp(0.9, 1.3) * adv[i])
+                         + 0.1 * (torch.exp(d) - d - 1) + 0.05 * (lp_all.exp() * lp_all).sum())
+    want = sum(terms) / sum(LENS)
+    want.backward()
+    assert 0 < clipped and m["clip_frac"].item() == pytest.approx(clipped / sum(LENS))
+    assert loss.item() == pytest.approx(want.item(), abs=1e-12) and m["loss"].item() == loss.item()
+    assert torch.allclose(x.grad, y.grad, atol=1e-12, rtol=0) and y.grad.abs().sum() > 0
+
+
+def test_a_non_finite_k3_on_padding_sends_no_nan_gradient():
+    """Padding positions hold whatever the models say after the completion: a reference log-prob 100 above the
+    policy's there overflows k3's exp in fp32. The KL is masked there, so the loss and its gradient stay finite
+    (a NaN gradient would roll the step back)."""
+    logits, ids = torch.zeros(1, 2, 4, requires_grad=True), torch.zeros(1, 2, dtype=torch.long)
+    mask, ref_logp = torch.tensor([[1, 0]]), torch.tensor([[math.log(0.25), 100.0]])
+    loss, m = grpo_loss(logits, ids, mask, torch.ones(1), LossSettings(kl_coef=0.1), ref_logp=ref_logp)
+    loss.backward()
+    assert m["kl"].item() == pytest.approx(0, abs=1e-6) and torch.isfinite(logits.grad).all()
+    assert logits.grad[0, 1].eq(0).all() and logits.grad[0, 0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_ratio_past_exps_range_on_padding_sends_no_nan_gradient(sign):
+    """From the second epoch on, the behaviour policy's log-prob on padding may lie 100 below the policy's: exp
+    overflows there. The ratio is 1 on padding, so loss and gradient stay finite, whatever the advantage's sign
+    (a negative one takes the overflowing branch of the min), and the real token's gradient is the surrogate's."""
+    logits, ids = torch.zeros(1, 2, 4, requires_grad=True), torch.zeros(1, 2, dtype=torch.long)
+    mask, old_logp = torch.tensor([[1, 0]]), torch.tensor([[math.log(0.25), -100.0]])
+    loss, m = grpo_loss(logits, ids, mask, torch.tensor([sign]), LossSettings(), old_logp=old_logp)
+    loss.backward()
+    assert torch.isfinite(loss) and m["ratio_mean"].item() == pytest.approx(1.0) and torch.isfinite(logits.grad).all()
+    assert logits.grad[0, 1].eq(0).all()
+    # at ratio 1, -d(ratio * A)/d logits = -A (onehot - softmax) at the real token
+    assert torch.allclose(logits.grad[0, 0], -sign * (torch.eye(4)[0] - 0.25))
 
 
 def test_k3_from_reference_logits_is_taken_at_the_temperature():

@@ -119,6 +119,9 @@ def test_policy_loss_statistics_are_per_real_token():
     loss, stats = policy_loss(ratio.log(), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)
     assert loss.item() == pytest.approx(0.025, abs=1e-6)
     assert stats == pytest.approx({"clip_frac": 0.4, "clip_low_frac": 0.2, "clip_high_frac": 0.2, "ratio_mean": 0.96})
+    # the advantages' signs flipped: 0.5 of row 0 is clipped low, nothing of row 1 high (its 5 is padding)
+    _, flipped = policy_loss(ratio.log(), torch.zeros(2, 3), torch.tensor([-1.0, 1.0]), mask)
+    assert (flipped["clip_low_frac"].item(), flipped["clip_high_frac"].item()) == pytest.approx((0.2, 0.0))
 
 
 def test_kl_and_entropy_metrics_are_per_token_whatever_the_loss_type():

@@ -70,6 +70,8 @@ def test_training_figure_panels_and_overlaid_runs():
     time_a = fig.axes[10]
     assert [t.get_text() for t in time_a.get_legend().get_texts()] == plots.PHASES  # time_step is not stacked
     assert len(time_a.collections) == 4
+    assert fig.get_suptitle() == "training: run-a, run-b"
+    assert tuple(fig.get_size_inches()) == pytest.approx((4 * 4.2, 3 * 2.9))  # 12 panels in rows of four
 
 
 def test_the_rolling_window_is_a_tenth_of_the_longest_run():
@@ -82,6 +84,9 @@ def test_a_short_run_is_not_smoothed_and_says_so():
     rolling mean."""
     fig = plots.training_figure({"solo": [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 15)]})
     assert titles(fig) == ["reward"] and len(fig.axes[0].get_lines()) == 1
+    assert fig.axes[0].get_legend() is None  # one line: its name is the axis label, no legend box over the data
+    fifteen = plots.training_figure({"solo": [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 16)]})
+    assert titles(fifteen) == ["reward, rolling mean of 2"]  # a tenth of 15, rounded
 
 
 def test_absent_keys_are_skipped_and_one_run_labels_by_key():
@@ -90,6 +95,7 @@ def test_absent_keys_are_skipped_and_one_run_labels_by_key():
     assert titles(fig) == ["KL to the start model", "clipped tokens, equal-reward groups"]
     assert line_labels(fig.axes[1]) == ["clip_frac (TRL clip_ratio/region_mean)",
                                         "zero_var_share (TRL frac_reward_zero_std)"]
+    assert [(line.get_color(), line.get_linestyle()) for line in fig.axes[1].get_lines()] == [("C0", "-"), ("C1", "-")]
     assert plots.training_figure({"solo": [{"step": 1, "peak_mem_mb": 1.0}]}) is None
     assert plots.held_out_figure({"solo": synthetic_rows(evals=False)}, "eval_", "held-out") is None
 
@@ -99,6 +105,9 @@ def test_float_noise_is_not_drawn_as_a_trend():
     noise, trend = plots.training_figure({"solo": flat}).axes
     assert noise.get_ylim() == pytest.approx((-0.315, -0.285))  # every completion invalid: a flat line at -0.3
     assert trend.get_ylim()[1] - trend.get_ylim()[0] < 0.02     # a real change keeps matplotlib's own limits
+    (zero,) = plots.training_figure({"solo": [{"step": s, "clip_frac": 0.0} for s in range(1, 5)]}).axes
+    lo, hi = zero.get_ylim()
+    assert lo < 0 < hi  # a line at exactly 0 (nothing clipped) keeps an axis around it, not one of zero height
 
 
 def test_held_out_figure_has_a_panel_per_metric():
@@ -108,6 +117,8 @@ def test_held_out_figure_has_a_panel_per_metric():
     assert line_labels(fig.axes[0]) == ["run-a", "run-b"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([0.4] * 4)  # steps 5, 10, 15, 20
     assert titles(plots.held_out_figure(runs, "chess_", "chess")) == ["chess_mate_acc", "chess_selfplay_plies"]
+    assert {line.get_marker() for ax in fig.axes for line in ax.get_lines()} == {"o"}  # a single eval is a visible dot
+    assert fig.get_suptitle() == "held-out evaluation: run-a, run-b"
 
 
 def test_a_figure_is_as_wide_as_its_panels_and_has_a_row_for_the_last_few():
@@ -123,8 +134,21 @@ def test_a_figure_is_as_wide_as_its_panels_and_has_a_row_for_the_last_few():
 def test_other_timed_phases_are_stacked_after_the_steps_phases():
     """A timed phase train.py adds (time_eval) goes on top of the step's phases, which keep their step order."""
     rows = [{"step": 1, "time_eval": 5.0, "time_update": 1.0, "time_generate": 2.0, "time_score": 0.5}]
-    legend = plots.training_figure({"solo": rows}).axes[0].get_legend()
-    assert [t.get_text() for t in legend.get_texts()] == ["time_generate", "time_score", "time_update", "time_eval"]
+    (ax,) = plots.training_figure({"solo": rows}).axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["time_generate", "time_score", "time_update", "time_eval"]
+    assert ax.get_title() == "seconds per phase"  # one run: no run name after it
+
+
+def test_write_run_plots_writes_only_the_figures_with_a_panel(tmp_path):
+    """A run with training keys and no held-out one: train.png alone, in the folder made for it (two levels new);
+    a run with no known key at all: nothing written, an empty result."""
+    out = tmp_path / "new" / "plots"
+    written = plots.write_run_plots({"solo": synthetic_rows(evals=False)}, str(out))
+    assert list(written) == [str(out / "train.png")] and sorted(p.name for p in out.iterdir()) == ["train.png"]
+    assert (out / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plots.write_run_plots({"solo": [{"step": 1, "peak_mem_mb": 1.0}]}, str(tmp_path / "none")) == {}
+    assert list((tmp_path / "none").iterdir()) == []
 
 
 def test_compare_bars_writes_a_bare_file_name_to_the_current_folder(tmp_path, monkeypatch):
@@ -182,6 +206,7 @@ def test_held_out_points_sit_at_their_steps_and_overlaid_runs_differ_in_colour()
     time_ax = plots.training_figure({"solo": rows}).axes[-1]
     top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band's outline: x at steps 2 and 7 only
     assert sorted(set(top[:, 0].round(6))) == [2.0, 7.0] and top[:, 1].max() == pytest.approx(6.0)
+
 
 def test_a_null_a_string_or_a_true_is_no_value_in_any_panel():
     """A hand-edited metrics.jsonl: a true is not drawn as 1, and a null or a string among the seconds of a phase

@@ -9,6 +9,7 @@ import os
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from mini.report import TRL_NAMES, dashboard_scalars, make_reporter, markdown_table, trl_name
@@ -29,11 +30,25 @@ def test_trl_names():
     assert len(set(TRL_NAMES.values())) == len(TRL_NAMES)  # one TRL name per quantity
 
 
+def test_trl_names_are_the_ones_trl_logs():
+    """Every shared concept under the exact name TRL's GRPOTrainer (or Hugging Face's Trainer) logs it, written out
+    here by hand, so that a renamed or dropped entry shows: a TRL user's chart would find nothing under it."""
+    assert TRL_NAMES == {
+        "reward_mean": "reward", "reward_std": "reward_std", "zero_var_share": "frac_reward_zero_std", "kl": "kl",
+        "entropy": "entropy", "clip_low_frac": "clip_ratio/low_mean", "clip_high_frac": "clip_ratio/high_mean",
+        "clip_frac": "clip_ratio/region_mean", "completion_len_mean": "completions/mean_length",
+        "completion_clipped_ratio": "completions/clipped_ratio", "loss": "loss", "grad_norm": "grad_norm",
+        "lr": "learning_rate"}
+
+
 def test_dashboard_scalars_group_and_skip():
     got = dashboard_scalars(ROWS[0])
     assert got == {"mini/reward_mean": 0.25, "train/reward": 0.25, "mini/kl": 0.01, "train/kl": 0.01,
                    "mini/best_P": 0.5, "train/rewards/best_P/mean": 0.5, "eval/eval_reward": 0.3}
     assert math.isnan(dashboard_scalars(ROWS[1])["train/entropy"])  # NaN is logged: the chart shows the break
+    # numpy scalars (a value computed with numpy and not converted) are numbers too; a numpy bool is no scalar
+    assert dashboard_scalars({"step": 3, "kl": np.float32(0.5), "n": np.int64(2), "ok": np.bool_(True)}) == {
+        "mini/kl": 0.5, "train/kl": 0.5, "mini/n": 2.0}
 
 
 def test_markdown_table_keeps_a_completion_in_its_cell():
@@ -142,6 +157,8 @@ def test_wandb_rewind_goes_on_in_a_new_run_of_the_group(tmp_path, monkeypatch):
     r.close()
     assert [(run.name, run.group, run.steps, run.finished) for run in fake.runs] == [
         ("demo", "demo", [1, 2, 3], True), ("demo-from-1", "demo", [2, 3], True)]
+    make_reporter("wandb", str(tmp_path / "slash") + "/", {}).close()  # a run directory typed with a trailing /
+    assert (fake.runs[-1].name, fake.runs[-1].group) == ("slash", "slash")
 
 
 def test_wandb_run_takes_the_project_its_folder_the_config_and_the_samples(tmp_path, monkeypatch):

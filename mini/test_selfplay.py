@@ -3,6 +3,7 @@ and survives a cut-off line, held-out positions stay out, a restored source cont
 
     python mini/test_selfplay.py
 """
+import concurrent.futures
 import json
 import random
 import sys
@@ -189,7 +190,7 @@ class Pool:
 
 def test_draw_shares_of_pool_moves_and_positions(monkeypatch):
     """A draw is the pool's with probability 1 - mix, else a self-play A: move with probability env_ratio, else a
-    labelled self-play position: here 30%, 14% and 56% of 1000 draws."""
+    labelled self-play position: here 30%, 14% and 56% of 1000 draws. Which draw is which follows the source's seed."""
     monkeypatch.setattr("mini.selfplay.Annotator", lambda *a, **kw: None)  # nothing to label: no engine
     monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)  # nor any position to leave out
     src = SelfPlaySource(None, Pool(), games=1, mix=0.7, env_ratio=0.2, player=by_model)
@@ -200,6 +201,64 @@ def test_draw_shares_of_pool_moves_and_positions(monkeypatch):
     assert abs(share(lambda s: s.task == "A" and s.move == "g1f3") - 0.3) < 0.05
     assert abs(share(lambda s: s.task == "A" and s.move == "d2d4") - 0.14) < 0.04
     assert abs(share(lambda s: s.task == "P") - 0.56) < 0.05
+
+    def drawn(seed):
+        other = SelfPlaySource(None, Pool(), games=1, mix=0.7, env_ratio=0.2, player=by_model, seed=seed)
+        other.positions, other.moves = src.positions, src.moves
+        return [(s.prompt, s.completion) for s in other.draw(30)]
+    assert drawn(1) == drawn(1) != drawn(2)  # each --seed draws its own mix, the same each time
+
+
+class Labeller:
+    """Stockfish's stand-in: every position labelled at once with its first legal moves (sorted UCI), evals 0."""
+
+    def __init__(self, *a, **kw):
+        self.cache = {}
+
+    def submit(self, fens):
+        done = concurrent.futures.Future()
+        done.set_result({f: (sorted(legal_ucis(f))[:5], [0.0] * min(5, len(legal_ucis(f)))) for f in fens})
+        return [done] * len(fens)
+
+    def close(self):
+        pass
+
+
+def test_a_second_refresh_makes_the_first_ones_labels_drawable(monkeypatch):
+    """Two refreshes with no draw between them: the first refresh's positions become drawable at the second (none is
+    lost when its pending list is replaced) while the second's wait for the next one; the metrics count them."""
+    monkeypatch.setattr("mini.selfplay.Annotator", Labeller)
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)
+    src = SelfPlaySource(None, games=1, plies=2, player=by_model)
+    src.refresh("first")
+    src.refresh("first")
+    first, second = line("initial", RULES["first"], 4)[:2], line("initial", RULES["first"], 4)[2:]
+    assert list(src.positions) == [position_key(f) for f, _ in first]
+    assert [position_key(f) for f, _ in src.pending] == [position_key(f) for f, _ in second]
+    assert (src.metrics["selfplay_new"], src.metrics["selfplay_searched"]) == (2, 2)  # none in the cache
+    src.draw(1)
+    assert (src.metrics["selfplay_positions"], src.metrics["selfplay_transitions"]) == (2, 4)  # 4 moves, 2 labelled
+
+
+@pytest.mark.parametrize("games,plies,max_plies", [(1, 2, 2), (2, 6, 200)])
+def test_a_restored_source_keeps_no_transition_twice(monkeypatch, games, plies, max_plies):
+    """One game of 2 plies from initial, then ruy_lopez, then initial again: the third game replays the first one's
+    positions and transitions. Restored between the second and third refresh, the source keeps each once, as the one
+    never stopped does, and the two end in the same state. Two games of 6 plies a refresh: the ruy_lopez game is 18
+    half-moves deep when restored, its board rebuilt from all of them."""
+    monkeypatch.setattr("mini.selfplay.Annotator", Labeller)
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)
+    a, b = (SelfPlaySource(None, games=games, plies=plies, max_plies=max_plies, player=by_model) for _ in range(2))
+    a.refresh("first")
+    a.refresh("first")
+    b.load_state_dict(a.state_dict())
+    assert [x.fen() for x in b.boards] == [x.fen() for x in a.boards]
+    for src in (a, b):
+        src.refresh("first")
+    assert a.state_dict() == b.state_dict()
+    if games == 1:
+        assert len(b.moves) == len(a.moves) == 4 and len(b.positions) == len(a.positions) == 4
+        assert a.metrics["selfplay_new"] == b.metrics["selfplay_new"] == 0  # the replayed positions: none is new
 
 
 @pytest.mark.parametrize("pads", [(89,), (90, 89)])

@@ -3,6 +3,7 @@
     python mini/test_sft.py
 """
 import dataclasses
+import gc
 import glob
 import json
 import math
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 
 import chess
 import pytest
@@ -67,13 +69,14 @@ def test_time_limited_schedule_warms_up_on_real_steps():
 
 
 def test_loss_mask_on_real_lines(tok):
-    """On real P: and A: lines the masked targets are exactly the completion's tokens and EOS, and
-    tokenising prompt and completion apart gives the tokens of the whole line; each sample drawn walks its game
-    on (the replay buffer gets the position after it), so A: positions keep changing."""
-    cfg = parse_args(["--mix_env_ratio", "0.5"])
+    """On real P: and A: lines, P: ones at both FEN paddings (--policy_pad both), the masked targets are exactly the
+    completion's tokens and EOS, and tokenising prompt and completion apart gives the tokens of the whole line; each
+    sample drawn walks its game on (the replay buffer gets the position after it), so A: positions keep changing."""
+    cfg = parse_args(["--mix_env_ratio", "0.5", "--policy_pad", "both"], "sft")
     data = sft.SFTData(cfg)
     samples = data.batch(16)
     assert {s.task for s in samples} == {"P", "A"}
+    assert {len(s.prompt) - len("P: ") + 1 for s in samples if s.task == "P"} == {89, 90}  # the FEN's padded widths
     _, _, y, loss_mask = sft.encode_batch(samples, tok, "cpu")
     for s, row, m in zip(samples, y, loss_mask):
         assert row[m].tolist() == tok.encode(s.completion) + [EOS]
@@ -111,6 +114,8 @@ def test_loss_is_the_full_vocabulary_cross_entropy(tok, monkeypatch):
     with torch.no_grad():
         estimates = torch.tensor([sft.sft_loss(model, *batch).item() for _ in range(200)])
     assert estimates.mean().item() == pytest.approx(full, abs=3 * estimates.std().item() / 200 ** 0.5 + 1e-4)
+    eos_only = sft.encode_batch([Sample("A", "", "A: x", "")], tok, "cpu")  # one loss token: an eighth of it is 1
+    assert sft.sft_loss(model, *eos_only).item() == pytest.approx(full_vocab_loss(model, eos_only), abs=1e-4)
 
 
 def test_short_run_learns_and_writes_a_snapshot(tok, tmp_path):
@@ -153,12 +158,16 @@ def test_time_limit_stops_and_saves(tmp_path):
                      "--time_limit_min", "0.05"]) == 0  # 3 s
     assert time.time() - t0 < 30  # the limit, one step, building the model and saving it
     with open(tmp_path / "t" / "sft.log") as f:
-        assert "time limit of 0.05 min reached" in f.read()
+        log = f.read()
+    steps = int(log.split("time limit of 0.05 min reached at step ")[1].split()[0])
+    assert steps < 100000 and f"done: {steps} steps" in log
+    # the P: positions line counts the steps taken (of 2 sequences, 80% P:), not the 100000 planned
+    assert f"each drawn about {steps * 2 * 0.8 / 5000:.3g} times" in log
     model, _ = load_model(str(tmp_path / "t" / "final"))
     assert model.config.n_layer == 1 and model.config.n_embd == 32
 
 
-def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys, spawn, monkeypatch):
+def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, spawn, monkeypatch):
     """--data_workers 2: batches come from two processes with their own seeds (no worker repeats another's
     samples), each batch encoded as encode_batch would; a run with them writes its snapshot."""
     cfg = parse_args(["--batch_size", "4", "--mix_env_ratio", "0.5", "--data_workers", "2"], "sft")
@@ -183,8 +192,6 @@ def test_data_workers_draw_their_own_batches_and_train(tmp_path, tok, capsys, sp
     for worker in multiprocessing.active_children():  # the run stopped its workers: none is left to hang the exit
         worker.join(10)
     assert not multiprocessing.active_children()
-    assert sft.main(argv[:-6] + ["--run_name", "g", "--data_source", "generate", "--data_workers", "1"]) == 1
-    assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
     # a SIGTERM to the whole process group (a terminal's Ctrl-C, `timeout`): the run saves, the workers stay quiet
     proc = spawn([sys.executable, "-m", "mini.sft", *argv[:-6], "--run_name", "k", "--steps", "100000",
                   "--data_workers", "2"], stderr=subprocess.PIPE, text=True)
@@ -213,6 +220,14 @@ def test_a_model_too_big_to_train_is_refused_before_any_memory_is_taken(monkeypa
     assert sft.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a model of 1 layer of width 65536 has 54,851M parameters" in err and not (tmp_path / "big").exists()
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: None)  # a device that does not say: no check
+    sft.check_fits(shape, cpu)
+    d = 16
+    one_layer = V * d + P * d + (12 * d * d + 13 * d) + 2 * d
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * one_layer)  # room for 1 layer, not for 4
+    grown = TINY + ["--log_dir", str(tmp_path), "--run_name", "grown", "--steps", "1", "--grow_layers", "4"]
+    assert sft.main(grown) == 1
+    assert "a model of 4 layers of width 16" in capsys.readouterr().err and not (tmp_path / "grown").exists()
 
 
 @pytest.mark.parametrize("n_layer", [3, 8, 11])
@@ -230,6 +245,10 @@ def test_grown_model_computes_the_same_function(n_layer, tmp_path):
     torch.testing.assert_close(deep(x, mask), small(x, mask), rtol=0, atol=1e-12)
     if n_layer > 3:  # the new blocks are not all zero: each copies a trained block
         assert all(p.abs().sum() > 0 for n, p in deep.named_parameters() if ".c_attn." in n)
+    # blocks 0, 1, 2 are first copied to 0, 3, 6 (of 8) and 0, 4, 8 (of 11); every later copy adds nothing yet
+    silent = [i for i, block in enumerate(deep.transformer.h)
+              if all(p.abs().sum() == 0 for n, p in block.named_parameters() if ".c_proj." in f".{n}")]
+    assert silent == {3: [], 8: [1, 2, 4, 5, 7], 11: [1, 2, 3, 5, 6, 7, 9, 10]}[n_layer]
     save_model(small.float(), Tokenizer.gpt2(), str(tmp_path / "small"))
     argv = ["--model_path", str(tmp_path / "small"), "--log_dir", str(tmp_path), "--steps", "1", "--batch_size", "2"]
     assert sft.main(argv + ["--run_name", "g", "--grow_layers", str(n_layer)]) == 0
@@ -484,6 +503,16 @@ def test_snapshots_on_the_way_outlive_a_crash(tmp_path, monkeypatch):
     assert not (tmp_path / "n" / "final").exists()
 
 
+def test_a_slow_first_batch_snapshots_no_untrained_model(tmp_path, monkeypatch):
+    """--snapshot_every_min 0.05 (3 s) on a clock that moves 5 s a step: the interval has passed before the first
+    step, but final/ gets its first snapshot after step 1, never the untrained start model of step 0."""
+    LoopSpy(monkeypatch, dt=5.0, grad_clip=1.0)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "s", "--steps", "3",
+                            "--snapshot_every_min", "0.05"]) == 0
+    log = (tmp_path / "s" / "sft.log").read_text()
+    assert [int(line.split()[3]) for line in log.splitlines() if line.startswith("snapshot of step")] == [1, 2]
+
+
 def test_a_diverged_run_saves_nothing_after_it(tmp_path, monkeypatch):
     """A NaN loss (step 7 here) stops the run before its update, final/ keeping the last snapshot of a finite loss
     (step 5); weights that the last update made NaN, which no loss has seen, are not saved either."""
@@ -510,19 +539,45 @@ def test_a_diverged_run_saves_nothing_after_it(tmp_path, monkeypatch):
     assert not (tmp_path / "poisoned" / "final").exists()
 
 
-def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys):
-    """--grow_layers below the model's depth stops before the first step with one sentence, and the run directory
+def test_sft_log_is_closed_however_the_run_ends(tmp_path, monkeypatch):
+    """A diverged run (return 1), a second Ctrl-C (130) and an error in a step (raised) leave no sft.log open behind
+    them: a caller in the same process (a notebook, a sweep) would collect one open file per run."""
+    LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    loss = sft.sft_loss
+
+    def fails_with(error):
+        def step_loss(*batch):
+            if isinstance(error, BaseException):
+                raise error
+            return loss(*batch) * error
+        return step_loss
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for run, error, code in (("nan", float("nan"), 1), ("int", KeyboardInterrupt(), 130), ("err", OSError("x"), 1)):
+            monkeypatch.setattr(sft, "sft_loss", fails_with(error))
+            assert sft.main(TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--run_name", run]) == code
+            assert (tmp_path / run / "sft.log").exists()
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys, monkeypatch):
+    """--grow_layers below the model's depth, and --data_workers with --data_source generate (whose Stockfish engines
+    cannot be shared with worker processes), stop before the first step with one sentence, and the run directory
     that start made is removed, so that the name stays free. --data_source selfplay (games of the policy being
     trained: train.py's) is refused by the parser, exit 2, before any run starts, and sft's --help does not offer it."""
     argv = TINY + ["--log_dir", str(tmp_path), "--steps", "1"]
+    monkeypatch.setattr(sft, "make_reporter", lambda *a: pytest.fail("a refused run opened a W&B/TensorBoard run"))
     assert sft.main(argv + ["--run_name", "g", "--n_layer", "2", "--grow_layers", "1"]) == 1
     assert "--grow_layers 1 is fewer than the snapshot's 2 layers" in capsys.readouterr().err
+    assert sft.main(argv + ["--run_name", "w", "--data_source", "generate", "--data_workers", "1"]) == 1
+    assert "--data_workers needs --data_source pool or file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         sft.main(argv + ["--run_name", "s", "--data_source", "selfplay"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--data_source: invalid choice: 'selfplay'" in err and "generate" in err and "selfplay'," not in err
-    assert not (tmp_path / "g").exists() and not (tmp_path / "s").exists()
+    assert not any((tmp_path / run).exists() for run in "gws")
     assert parse_args(["--data_source", "selfplay"], "train").data_source == "selfplay"
 
 

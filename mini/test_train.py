@@ -39,6 +39,7 @@ from mini.autobatch import find_batch_size, optimizer_state_bytes, probe_peak_me
 from mini.config import Config
 from mini.dataset import ReplayBuffer
 from mini.flags import parse_args
+from mini.grpo import RewardBaseline
 from mini.loader import load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.rollout import MicroBatch, Rollout
@@ -643,6 +644,23 @@ def test_a_negative_kl_beyond_the_threshold_stops_the_run_too():
     with pytest.raises(StopRun, match=r"KL -0.2000 exceeds --kl_threshold 0.1 at step 3"):
         train.Trainer.finish_step(trainer, {"reward_mean": 0.5, "kl": -0.2}, None, None)
     assert saved == ["regular"] and trainer.best_reward == 0.5
+    trainer.cfg = Config(kl_threshold=0.0, eval_every=0, save_every=0)  # 0: off, whatever the KL
+    train.Trainer.finish_step(trainer, {"reward_mean": 0.5, "kl": 5.0}, None, None)
+    assert saved == ["regular"]
+
+
+def test_an_evaluation_that_only_equals_the_best_leaves_the_stable_checkpoint():
+    """stable.pt holds the first weights that reached the best held-out reward: a later tie does not replace it, a
+    better one does."""
+    saved = []
+    trainer = types.SimpleNamespace(cfg=Config(eval_every=2, save_every=0), step=4, best_reward=0.0, best_eval=0.5,
+                                    main=True, held_out_metrics=lambda: {"eval_reward": 0.5}, save=saved.append,
+                                    write_step=lambda m, r, tasks: None)
+    train.Trainer.finish_step(trainer, {"reward_mean": 0.5}, None, None)
+    assert saved == [] and trainer.best_eval == 0.5
+    trainer.held_out_metrics = lambda: {"eval_reward": 0.6}
+    train.Trainer.finish_step(trainer, {"reward_mean": 0.5}, None, None)
+    assert saved == ["stable.pt"] and trainer.best_eval == 0.6
 
 
 def start_and_wait_for_a_step(spawn, tiny, tmp_path, run):
@@ -807,6 +825,50 @@ def test_find_batch_size_with_a_fake_memory_probe():
     assert find_batch_size(lambda b: 50.0 * b, 1, 100, 0.5) == (1, [(1, 50.0), (2, 100.0)])  # exactly the fraction fits
 
 
+def test_find_batch_size_never_probes_a_size_twice_so_it_ends():
+    """Below 8 an eighth of the batch rounds to 0: the halving stops at a gap of 1, where the next midpoint would be
+    the last size that fit, probed again for ever. Every limit from 1 to 40, from starts 1 to 5: each size is probed
+    once and the answer is within an eighth (or 1) of the limit, never above it."""
+    for start in range(1, 6):
+        for limit in range(start, 41):
+            seen = []
+
+            def probe(b):
+                assert b not in seen, f"start {start}, limit {limit}: {b} probed again after {seen}"
+                seen.append(b)
+                return None if b > limit else 1.0
+            best, _ = find_batch_size(probe, start, 10, 0.5)
+            assert 0 <= limit - best < max(1, best // 8), (start, limit, best)
+
+
+def test_a_probe_that_runs_out_of_memory_measures_none_and_puts_the_trainer_back(monkeypatch):
+    """Out of memory anywhere in the probe's step (torch's error, or a RuntimeError that says so in any case) is a
+    size that does not fit: None, with the RNG and source state, the baseline and the gradients as they were before
+    the probe. Any other error is a bug, and raised."""
+    for name in ("empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **kw: None)
+    p, restored = torch.nn.Parameter(torch.ones(2)), []
+    baseline = RewardBaseline("ema")
+    baseline(torch.tensor([0.0, 1.0]), ["P", "P"], 2)
+
+    def rollout_failing_with(error):
+        def rollout():
+            p.grad = torch.ones(2)  # as a backward cut short would leave it
+            baseline(torch.tensor([5.0, 6.0]), ["P", "P"], 2)
+            raise error
+        return rollout
+    trainer = types.SimpleNamespace(rank_state=lambda: {"rng": 1}, load_rank_state=restored.append, baseline=baseline,
+                                    local_batch=2, optimizer=torch.optim.AdamW([p]), model=torch.nn.Linear(1, 1))
+    for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                  RuntimeError("CUDA error: Out of memory"), RuntimeError("CUBLAS: OUT OF MEMORY")):
+        trainer.rollout = rollout_failing_with(error)
+        assert probe_peak_memory(trainer, 64) is None
+        assert restored.pop() == {"rng": 1} and p.grad is None and baseline.mean == {"P": 0.5}
+    trainer.rollout = rollout_failing_with(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    with pytest.raises(RuntimeError, match="shapes"):
+        probe_peak_memory(trainer, 64)
+
+
 def test_choose_batch_size_takes_every_ranks_worst_peak_and_sets_the_global_batch(monkeypatch):
     """--auto_batch_size under 2 ranks (CUDA faked): each rank probes its share, the ranks' worst peak decides
     (here rank 1's, 2 GiB a prompt, not this rank's 1), the run takes the largest share that fits half of 80 GiB,
@@ -853,9 +915,12 @@ def test_the_batch_probe_leaves_the_trainer_as_it_found_it(tiny, tmp_path, monke
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **kw: 1000)
     t = train.Trainer(parse_args(args(tiny, tmp_path, "probe", 1, *FULL_STATE)))
     state, baseline = copy.deepcopy(t.rank_state()), copy.deepcopy(t.baseline.state_dict())
-    assert probe_peak_memory(t, 2) == 1000 + optimizer_state_bytes(t.optimizer)
+    weights, moments = copy.deepcopy(t.model.state_dict()), optimizer_state_bytes(t.optimizer)
+    assert probe_peak_memory(t, 2) == 1000 + moments
     assert_same_state(t.rank_state(), state, "rank_state")
     assert_same_state(t.baseline.state_dict(), baseline, "baseline")
+    assert_same_state(t.model.state_dict(), weights, "weights")  # forward and backward only: no optimizer step
+    assert not t.optimizer.state and all(p.grad is None for p in t.model.parameters())
 
 
 def test_damaged_checkpoint_is_refused(tmp_path):
