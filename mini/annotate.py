@@ -401,6 +401,10 @@ def main(argv=None):
         for path in a.pgn:
             if not os.path.isfile(path):
                 p.error(f"--pgn {path}: {'a folder' if os.path.isdir(path) else 'no such file'}; give PGN files of games")
+            for flag, out in (("--eval_path", a.eval_path), ("--cache", a.cache)):  # else the user's games are lost
+                if out and os.path.realpath(out) == os.path.realpath(path):
+                    p.error(f"{flag} {out} is also a PGN file of --pgn: it would be written over; give it a file of "
+                            "its own")
     games_only = [f"--{k}" for k in ("eval_games", "eval_transitions", "transitions", "cut_rate", "king_shares")
                   if getattr(a, k) != p.get_default(k) and not (a.pgn and k == "eval_transitions")]
     if games_only and not a.games:

@@ -15,7 +15,6 @@ rollout tokens/s, completions/s, TFLOP/s and MFU of the update, peak memory, dec
 counts, and how transformers and TRL are set up to match, is in the README.
 """
 import gc
-import json
 import os
 import random
 import statistics
@@ -29,11 +28,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 import torch
 
 from mini.autobatch import choose_batch_size
-from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
+from mini.config import DATA_DIR, EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
 from mini.flags import Parser, Switch, error_sentence, parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
-from mini.loader import save_model
+from mini.evaluate import save_report
+from mini.loader import SNAPSHOT_FILES, save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
@@ -543,6 +543,13 @@ def main(argv=None):
     if a.mode == "step" and a.model_path and not a.real_lengths:
         p.error("--model_path goes with --real_lengths: a trained model's rows stop at EOS, so the comparisons and "
                 "the decode bandwidth would count --new_tokens tokens that never ran")
+    if a.json:  # refused now, not over an input once the benchmark has run
+        inputs = [f for f in a.data_file.split(",") if f] + [os.path.join(a.model_path, f) for f in SNAPSHOT_FILES
+                                                              if a.model_path]
+        real = os.path.realpath(a.json)
+        if any(real == os.path.realpath(f) for f in inputs) or real.startswith(os.path.realpath(DATA_DIR) + os.sep):
+            p.error(f"--json {a.json} would write the figures over an input or a file the project ships; give them "
+                    "a file of their own")
     for k, v in MODE_DEFAULTS[a.mode].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -551,9 +558,8 @@ def main(argv=None):
     except (OSError, ValueError) as e:  # a missing, empty or malformed --data_file: its loader's sentence
         sys.exit(f"bench.py: {error_sentence(e)}")
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump({"argv": sys.argv[1:] if argv is None else argv, **out}, f, indent=1)
+        # on a full disk to a temporary file, named in the one sentence it exits with
+        save_report({"argv": sys.argv[1:] if argv is None else argv, **out}, a.json, "bench.py")
         print(f"wrote {a.json}")
     return 0
 

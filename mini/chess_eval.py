@@ -21,7 +21,7 @@ import chess.engine
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
 from mini.dataset import shipped_keys
-from mini.evaluate import dict_of, list_of, load_report, number, paired_bootstrap, report_path, save_report
+from mini.evaluate import dict_of, finite, list_of, load_report, number, paired_bootstrap, report_path, save_report
 from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
 from mini.games import (OPENINGS, eval_mates, game_outcome, game_starts, in_batches, load_mates, mean, model_player,
                         opening_board, policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
@@ -257,8 +257,10 @@ def compare(before_json, after_json, n_boot=2000, seed=0):
     """(paired rows of evaluate.paired_bootstrap, unpaired rows (before, after, delta)) of two reports. A
     section that both reports ran must have the same items and the same SECTION_SETTINGS (those that both
     reports record: older reports lack some), else ValueError; a metric without values is left out."""
-    fields = {"suite": lambda v: isinstance(v, str), "values": dict_of(list_of(lambda x: x is None or number(x))),
-              "items": dict_of(lambda v: isinstance(v, list)), "metrics": dict_of(number)}
+    # finite: a NaN, an infinity or an int beyond a float would come out as a nan row or a traceback; an older
+    # report's metrics may hold NaN for an empty section
+    fields = {"suite": lambda v: isinstance(v, str), "values": dict_of(list_of(lambda x: x is None or finite(x))),
+              "items": dict_of(lambda v: isinstance(v, list)), "metrics": dict_of(lambda v: finite(v) or number(v) and v != v)}
     reports = [load_report(p, fields, "chess_eval.py") for p in (before_json, after_json)]
     for path, r in zip((before_json, after_json), reports):
         if not isinstance(r.get("settings", {}), dict):  # older reports have none

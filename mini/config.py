@@ -159,7 +159,7 @@ class Config:
 
     # optimisation
     lr: float = opt(1e-5, "peak learning rate (GRPO wants it small: 2e-4 made an 8M model drift, see RESULTS.md)",
-                    check=POSITIVE, scripts=BOTH)
+                    check=FRACTION, scripts=BOTH)  # above 1 is a slip; 1e39 overflowed AdamW's float32 step
     weight_decay: float = opt(0.01, "AdamW decay on matrices (never on biases, norms, embeddings)", check=at_least(0),
                               scripts=BOTH)
     adam_beta1: float = opt(0.9, "AdamW beta1", check=between(0, 0.9999), scripts=BOTH)

@@ -239,6 +239,11 @@ def number(v):
     return type(v) in (int, float)
 
 
+def finite(v):
+    """A number that a float holds, not NaN or infinite: JSON also reads NaN, 1e999 (inf) and 400-digit ints."""
+    return number(v) and abs(v) <= sys.float_info.max
+
+
 def list_of(ok):
     return lambda v: isinstance(v, list) and all(map(ok, v))
 
@@ -273,11 +278,18 @@ def report_path(parser, out, model_path, name, inputs=()):
 
 def save_report(report, out, script):
     """The report as JSON to out; when that fails (a full disk), to a temporary file instead, and the script
-    exits with one sentence that names both, so that the evaluation is not lost."""
+    exits with one sentence that names both, so that the evaluation is not lost. Written to out.tmp, then renamed:
+    a write cut off (a full disk, Ctrl-C) leaves a report already at out whole."""
+    tmp = out + ".tmp"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(report, f, indent=1)
+            os.replace(tmp, out)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
     except OSError as e:
         fd, spare = tempfile.mkstemp(prefix=script.removesuffix(".py") + "-", suffix=".json")
         with os.fdopen(fd, "w") as f:
@@ -290,7 +302,7 @@ def load_report(path, fields, script):
     fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
     how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a report edited by hand may start with a BOM
             report = json.load(f)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deeply
         raise ValueError(f"{path} is not JSON ({str(e)[:80]}); {how}") from None
@@ -379,9 +391,11 @@ def main(argv=None):
             p.error(f"--plot {args.plot} would draw over a report it compares; give the plot a file of its own")
         if args.plot:
             try:
-                from mini.plots import compare_bars  # matplotlib is an optional extra: only --plot needs it
+                from mini.plots import compare_bars, unsupported_format  # an optional extra: only --plot needs it
             except ImportError as e:
                 sys.exit(f"evaluate.py: {error_sentence(e)}")
+            if unsupported_format(args.plot):  # else matplotlib's ValueError after the comparison
+                p.error(unsupported_format(args.plot))
         engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
         if reason:
             print(reason, file=sys.stderr)
@@ -394,7 +408,11 @@ def main(argv=None):
         for k, (b0, a0, d, lo, hi, n) in rows.items():
             print(f"{k:{w}s} {b0:8.4f} {a0:8.4f} {d:+8.4f} {f'[{lo:+.4f}, {hi:+.4f}]':>20s} {n:5d}")
         if args.plot:
-            compare_bars(rows, args.plot, title=f"{args.compare[0]} -> {args.compare[1]}")
+            try:  # a full disk, a folder that cannot be made
+                compare_bars(rows, args.plot, title=f"{args.compare[0]} -> {args.compare[1]}")
+            except OSError as e:
+                sys.exit(f"evaluate.py: could not write --plot {args.plot} ({error_sentence(e)}); the table above "
+                         "is the comparison")
             print(f"wrote {args.plot}")
         return
     if not args.model_path:

@@ -169,6 +169,14 @@ def write_run_plots(runs, out_dir):
     return out
 
 
+def unsupported_format(path):
+    """One sentence when path's extension names no format that matplotlib writes (none: a PNG), else None."""
+    ext = os.path.splitext(path)[1][1:].lower()
+    if ext and ext not in FigureCanvasAgg.get_supported_filetypes():
+        return f"--plot {path}: matplotlib writes no .{ext} file; end the name with .png (or .svg, .pdf)"
+    return None
+
+
 def compare_bars(rows, path, title=""):
     """Before/after bars per metric of evaluate.compare (or chess_eval.compare's paired rows):
     rows = {metric: (before, after, after - before, low, high, n)}, low/high the 95% paired bootstrap

@@ -361,7 +361,9 @@ def test_read_pgn_takes_any_text(tmp_path_factory, text):
                                          (["--pool_path", "p.jsonl"], "leave out --pool_path"),
                                          (["--transitions", "5"], "--transitions draw from played games"),
                                          ([], "--pgn games.pgn: no such file; give PGN files of games"),
-                                         (["--pgn", "."], "--pgn .: a folder; give PGN files of games")])
+                                         (["--pgn", "."], "--pgn .: a folder; give PGN files of games"),
+                                         (["--eval_path", "./games.pgn"], "--eval_path ./games.pgn is also a PGN"),
+                                         (["--cache", "games.pgn"], "--cache games.pgn is also a PGN file of --pgn")])
 def test_pgn_flags_that_cannot_apply_stop_before_any_work(flags, says, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     if flags:  # else the file is missing

@@ -522,6 +522,21 @@ def test_a_flag_only_other_modes_read_is_refused_and_a_trained_model_needs_real_
     assert stop.value.code == 2 and says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target", ["{pool}", "{mini}/data/bench.json", "{model}/model.safetensors"])
+def test_figures_over_an_input_or_a_shipped_file_are_refused_before_the_benchmark(monkeypatch, tmp_path, capsys,
+                                                                                    target):
+    for name in ("step", "data"):
+        monkeypatch.setattr(bench, f"bench_{name}", lambda a: pytest.fail("a refused --json ran the benchmark"))
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("")
+    where = dict(pool=pool, mini=os.path.dirname(bench.__file__), model=tmp_path)
+    argv = ["--model_path", str(tmp_path), "--real_lengths"] if "model" in target else ["data", "--data_file", str(pool)]
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv + ["--json", target.format(**where)])
+    assert stop.value.code == 2 and "would write the figures over an input" in capsys.readouterr().err
+    assert pool.read_text() == ""
+
+
 @pytest.mark.parametrize("error", [ValueError("pool.jsonl, line 3: not JSON"),
                                    FileNotFoundError(2, "No such file or directory", "gone.jsonl")])
 def test_a_mode_that_fails_on_its_input_exits_in_one_sentence(monkeypatch, tmp_path, error):

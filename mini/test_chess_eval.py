@@ -388,6 +388,20 @@ def test_compare_leaves_out_what_has_no_values(tmp_path):
     assert ce.compare(path, path) == ({}, {"chess_selfplay_plies_median": (3.0, 3.0, 0.0)})
 
 
+@pytest.mark.parametrize("values, metrics", [({"chess_mate_acc": [float("nan")]}, {}),
+                                             ({"chess_mate_acc": [1e999]}, {}),
+                                             ({"chess_mate_acc": [10 ** 400]}, {}),
+                                             ({}, {"chess_selfplay_plies_median": float("-inf")})])
+def test_compare_refuses_a_value_no_float_holds_in_one_sentence(tmp_path, values, metrics):
+    """JSON reads NaN, 1e999 (inf) and ints beyond a float: a hand-edited report with one is named, rather than
+    a nan row or an OverflowError. A NaN mean stays readable: older reports wrote one for an empty section."""
+    report = {"suite": "chess", "items": {"mate_in_one": ["x"]}, "values": values, "metrics": metrics}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(report))
+    with pytest.raises(ValueError, match=re.escape(f"{bad}: its ")):
+        ce.compare(str(bad), str(bad))
+
+
 def test_compare_names_a_file_that_is_not_a_report(tmp_path):
     chess_report = str(tmp_path / "chess.json")
     json.dump({"suite": "chess", "metrics": {}, "values": {}, "items": {}}, open(chess_report, "w"))

@@ -25,7 +25,7 @@ from mini.test_formats import P_LINES
 from mini.test_train import tiny  # noqa: F401  (a fixture)
 
 BAD = [
-    (["--lr", "-1e-5"], "--lr -1e-05 must be above 0"),  # a negative number is a value, not a flag
+    (["--lr", "-1e-5"], "--lr -1e-05 must be in (0, 1]"),  # a negative number is a value, not a flag
     (["--model_path", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),  # before loading
     (["--model_path", POOL_PATH], f"--model_path {POOL_PATH} is a file; a model is a snapshot directory"),  # a .pt
     (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt: no such file"),
@@ -260,6 +260,8 @@ EDGES = [
     ("train", "--grad_clip", ["0"], ["-0.01"]),
     ("train", "--warmup_steps", ["0"], ["-1"]),
     ("train", "--eval_every", ["0"], ["-1"]),
+    ("train", "--lr", ["1"], ["1.01", "1e39"]),  # 1e39: AdamW's step overflowed float32, a traceback
+    ("sft", "--lr", ["1"], ["1e39"]),
     ("sft", "--n_positions", ["160"], ["159"]),
     ("sft", "--n_layer", ["1"], ["0"]),
     ("sft", "--n_head", ["1"], ["0"]),

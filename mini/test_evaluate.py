@@ -3,6 +3,7 @@
     python mini/test_evaluate.py
 """
 import argparse
+import errno
 import json
 import os
 import re
@@ -711,6 +712,59 @@ def test_compare_plot(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ev.main(["--plot", "x.png"])
     assert "--plot goes with --compare" in capsys.readouterr().err
+
+
+def test_a_plot_of_a_format_matplotlib_lacks_stops_before_the_comparison_and_a_failed_write_keeps_the_table(
+        tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
+    from mini import plots
+    paths = garbage_then_labels(tmp_path)
+    monkeypatch.setattr(ev, "compare", lambda *a, **k: pytest.fail("a refused --plot ran the comparison"))
+    with pytest.raises(SystemExit) as stop:
+        ev.main(["--compare", *paths, "--plot", str(tmp_path / "compare.txt")])
+    assert stop.value.code == 2 and "matplotlib writes no .txt file" in capsys.readouterr().err
+    monkeypatch.undo()
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(plots, "compare_bars", disk_full)
+    with pytest.raises(SystemExit, match=re.escape("evaluate.py: could not write --plot ")) as stop:
+        ev.main(["--compare", *paths, "--plot", str(tmp_path / "compare.png")])
+    assert "the table above is the comparison" in str(stop.value) and "eval_reward" in capsys.readouterr().out
+
+
+def test_a_report_cut_off_while_written_leaves_the_one_there_whole(tmp_path, monkeypatch):
+    """A full disk half-way through json.dump: the report already at out is kept as it was, no .tmp is left, and
+    the new one goes to the spare file that the one sentence names."""
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"metrics": {"x": 0.0}}))
+    dump, calls = json.dump, []
+
+    def half_then_full(obj, f, **kw):
+        calls.append(f.name)
+        if len(calls) == 1:
+            f.write('{"metr')
+            raise OSError(errno.ENOSPC, "No space left on device")
+        dump(obj, f, **kw)
+    monkeypatch.setattr(ev.json, "dump", half_then_full)
+    with pytest.raises(SystemExit) as stop:
+        ev.save_report({"metrics": {"x": 1.0}}, str(out), "evaluate.py")
+    monkeypatch.undo()
+    assert json.loads(out.read_text()) == {"metrics": {"x": 0.0}} and os.listdir(tmp_path) == ["r.json"]
+    spare = str(stop.value).rsplit(" ", 1)[1]
+    assert json.loads(open(spare).read()) == {"metrics": {"x": 1.0}}
+    os.remove(spare)
+
+
+def test_a_report_saved_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    """An editor on Windows saves UTF-8 with a BOM: the report still compares."""
+    before, after = garbage_then_labels(tmp_path)
+    with open(after, "rb") as f:
+        text = f.read()
+    with open(after, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + text)
+    ev.main(["--compare", before, after])
+    assert "eval_reward" in capsys.readouterr().out
 
 
 def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket():

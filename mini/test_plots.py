@@ -158,6 +158,12 @@ def test_compare_bars_writes_a_bare_file_name_to_the_current_folder(tmp_path, mo
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_file_name_matplotlib_cannot_write_is_named_and_the_others_pass():
+    assert plots.unsupported_format("out/compare.txt") == ("--plot out/compare.txt: matplotlib writes no .txt file; "
+                                                           "end the name with .png (or .svg, .pdf)")
+    assert [plots.unsupported_format(p) for p in ("c.png", "c.PNG", "c.svg", "c.pdf", "compare")] == [None] * 5
+
+
 def test_compare_bars(tmp_path):
     # evaluate.compare's rows: (before, after, delta, low, high, n)
     rows = {"eval_reward": (0.074, 0.278, 0.204, 0.164, 0.244, 400),

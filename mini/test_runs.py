@@ -375,7 +375,7 @@ def test_resume_config_applies_runtime_flags_and_refuses_defining_ones():
     ({"bf16": "yes"}, '--bf16 "yes" must be true or false'),
     ({"run_name": 7}, "--run_name 7 must be text"),
     ({"loss_type": "ppo"}, '--loss_type "ppo" must be one of grpo, dr_grpo, dapo'),
-    ({"lr": -1.0}, "--lr -1.0 must be above 0"),
+    ({"lr": -1.0}, "--lr -1.0 must be in (0, 1]"),
     ({"data_source": "file", "data_file": "/gone.jsonl"}, "--data_file /gone.jsonl: no such file"),
 ])
 def test_a_saved_setting_the_flags_would_refuse_stops_the_resume_in_one_sentence(saved, message):
