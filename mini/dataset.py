@@ -15,7 +15,7 @@ from functools import lru_cache, partial
 import chess
 
 from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
-from mini.formats import (PAD_WIDTHS, UCI, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
+from mini.formats import (PAD_WIDTHS, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
                           legal_ucis, parse_line, placement, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
 from mini.stockfish import Annotator
@@ -117,15 +117,9 @@ def annotated_sample(line):
         sample = env_sample(r["fen"], r["move"], r["history"])
         if sample.history[-1:] != [r["move"]]:
             raise ValueError(f"an A: record's history ends with its move {r['move']!r:.20} (the format's last entry)")
-        played = sample.history[:-1]  # the last is the move judged, which may be illegal or garbled on purpose
-    else:
-        check_policy(r["fen"], r.get("moves"), r.get("evals"))
-        sample = policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
-        played = sample.history  # the moves that led here: A: prompts drawn on this position print them
-    bad = [m for m in played if not UCI.match(m)]
-    if bad:
-        raise ValueError(f"history move {bad[0]!r:.20} is not a UCI move (like e2e4 or e7e8q)")
-    return sample
+        return sample
+    check_policy(r["fen"], r.get("moves"), r.get("evals"))
+    return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
 
 
 @lru_cache(maxsize=8)

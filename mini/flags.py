@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import sys
 
 from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config, choices_of
 
@@ -66,6 +67,10 @@ def problems(values, checks=None):
     for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             out.append(f"--{name} {value} is not a finite number")
+        elif type(value) is int and abs(value) > sys.maxsize:  # a C integer's range: islice, Pool(), range() take no more
+            digits = str(value)
+            out.append(f"--{name} {digits if len(digits) <= 30 else digits[:10] + '...'} is too large a number "
+                       f"(at most {sys.maxsize})")
         elif name in checks and value is not None and not checks[name][0](value):
             out.append(f"--{name} {value} must be {checks[name][1]}")
     v = values.get
@@ -111,10 +116,16 @@ def problems(values, checks=None):
     if v("run_name") and not v("run_name").isprintable() or v("run_name") and not v("run_name").strip():
         out.append(f"--run_name {v('run_name')!r} must be a name one can type: printable, not blank")
     model, run = v("model_path"), v("log_dir") and v("run_name") and os.path.join(v("log_dir"), v("run_name"))
-    if v("overwrite") and model and run and os.path.isdir(run) and os.path.realpath(model).startswith(
-            os.path.realpath(run) + os.sep):
+    # in the run directory, or the directory itself (a --run_name that is the model's snapshot)
+    inside = lambda path: (os.path.realpath(path) + os.sep).startswith(os.path.realpath(run) + os.sep)
+    if v("overwrite") and model and run and os.path.isdir(run) and inside(model):
         out.append(f"--overwrite would move the run {run} aside, and with it --model_path {model}: copy the model "
                    "out first, or pick another --run_name")
+    for flag in ("data_file", "sft_data_file"):
+        for path in (v(flag) or "").split(",") if v("overwrite") and run and os.path.isdir(run) else ():
+            if path and inside(path):
+                out.append(f"--overwrite would move the run {run} aside, and with it --{flag} {path}: copy the "
+                           "file out first, or pick another --run_name")
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")
@@ -151,9 +162,13 @@ def missing_files(values):
         if v(flag) and "" in names:  # "a.jsonl," would name the file "" and fail later, unclearly
             out.append(f"--{flag} {v(flag)!r} has an empty name between its commas; list the files as a.jsonl,b.jsonl")
         folders = [path for path in names if path and os.path.isdir(path)]
-        missing = [path for path in names if path and not os.path.isfile(path) and path not in folders]
+        devices = [path for path in names if path and os.path.exists(path) and not os.path.isfile(path)
+                   and path not in folders]  # /dev/zero, a pipe: no end, or read once
+        missing = [path for path in names if path and not os.path.exists(path)]
         if folders:
             out.append(f"--{flag} {', '.join(folders)} is a folder; name its JSONL files, comma-separated")
+        if devices:
+            out.append(f"--{flag} {', '.join(devices)} is not a regular file (a device or a pipe); name JSONL files")
         if missing:
             out.append(f"--{flag} {', '.join(missing)}: no such file")
     for path, needed_by in ((EVAL_PATH, "eval_every"), (MATE_PATH, "eval_chess")):

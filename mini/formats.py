@@ -93,6 +93,15 @@ def _history(history):
 
 
 _BREAKS_FIELDS = re.compile(r"[\s+]")  # a move in an A: prompt sits between '+' fields, its history between spaces
+MAX_MOVE_CHARS = 10  # of an A: move that may be garbled (a UCI move has 4 or 5): a longer one outran the context
+
+
+def _played(moves):
+    """moves, each a UCI move: the half-moves a game played, which A: prompts print as the history."""
+    bad = [m for m in moves if not UCI.match(m)]
+    if bad:
+        raise ValueError(f"history move {bad[0]!r:.20} is not a UCI move (like e2e4 or e7e8q)")
+    return moves
 
 
 def env_prompt(fen, move, history):
@@ -209,18 +218,21 @@ def policy_sample(fen, moves, evals, best=None, history=()):
     if not all(map(math.isfinite, evals)):
         raise ValueError(f"evals {evals} are not all finite numbers")
     return Sample("P", fen, policy_prompt(fen), policy_completion(moves, evals, best),
-                  moves=list(moves), evals=evals, best=best, history=_history(history))
+                  moves=list(moves), evals=evals, best=best, history=_played(_history(history)))
 
 
 def env_sample(fen, move, history):
     """A: sample with python-chess ground truth. The move may be illegal or garbled (the arbiter must say so),
-    but not break the prompt's fields; the history holds the last 1 to MAX_HISTORY half-moves."""
-    if not isinstance(move, str) or _BREAKS_FIELDS.search(move):
-        raise ValueError(f"an A: move is one word (or none) without '+' or spaces (the prompt's separators), not {move!r:.40}")
+    but not break the prompt's fields; the history holds the last 1 to MAX_HISTORY half-moves, played ones but for
+    the move itself at its end."""
+    if not isinstance(move, str) or _BREAKS_FIELDS.search(move) or len(move) > MAX_MOVE_CHARS:
+        raise ValueError(f"an A: move is one word (or none) of at most {MAX_MOVE_CHARS} characters, without '+' or "
+                         f"spaces (the prompt's separators), not {move!r:.40}")
     history = _history(history)
     if len(history) > MAX_HISTORY:
         raise ValueError(f"an A: history holds the last 1 to {MAX_HISTORY} half-moves, the move included; this one "
                          f"has {len(history)}: keep its last {MAX_HISTORY}")
+    _played(history[:-1] if history[-1:] == [move] else history)
     label = env_label(fen, move)
     next_fen, reward, terminated, truncated = label
     return Sample("A", fen, env_prompt(fen, move, history), env_text(label), history=history, move=move,

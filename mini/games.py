@@ -65,7 +65,7 @@ def load_mates(path=MATE_PATH, n=None):
     sentence when the file cannot be read, holds no position, or a position lacks its mating moves."""
     fix = "regenerate it with python mini/chess_eval.py --build_mates"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # an editor's byte-order mark is not damage
             lines = list(enumerate(f, 1))
     except (OSError, ValueError) as e:  # ValueError: not UTF-8
         raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); {fix}") from None

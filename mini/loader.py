@@ -105,7 +105,7 @@ def read_config(path):
         not_a_run(path)
         raise LoadError(f"{path} has no config.json; is it a GPT-2 snapshot directory?")
     try:
-        with open(cfg_file) as f:
+        with open(cfg_file, encoding="utf-8-sig") as f:  # an editor's byte-order mark is not damage
             hf = json.load(f)
     except (ValueError, UnicodeDecodeError):
         raise LoadError(f"{cfg_file} is damaged (not JSON); download or save the snapshot again") from None
@@ -185,10 +185,15 @@ def read_snapshot(name_or_path, device):
     # an output padded past the tokenizer (nanoGPT's 50304 for GPT-2's 50257) has rows that no token is: cut, so
     # that sampling never draws an id no text decodes to, and the loss's softmax runs over the same tokens
     n_tokens = tokenizer.vocab_size
-    model = GPT(replace(cfg, vocab_size=n_tokens))
-    own = model.state_dict()
-    loaded = set()
-    for key, w in read_state_dict(path).items():
+    state = read_state_dict(path)
+    held = [int(m[1]) for m in map(re.compile(r"(?:transformer\.)?h\.(\d+)\.").match, state) if m]
+    # the weights are checked against a model on the meta device, one block deeper than they hold (a config.json
+    # deeper than its weights then misses a whole block), before any memory is taken: a config.json that asks for
+    # sizes its weights lack (n_layer 1000000, n_embd 1000000) hung or failed allocating
+    with torch.device("meta"):
+        own = GPT(replace(cfg, vocab_size=n_tokens, n_layer=min(cfg.n_layer, max(held, default=-1) + 2))).state_dict()
+    loaded = {}
+    for key, w in state.items():
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":  # HF's causal-mask
             continue  # buffers, and the output layer, which is the embedding (tied), read from wte as transformers does
@@ -205,12 +210,15 @@ def read_snapshot(name_or_path, device):
         if w.shape != own[key].shape:
             raise LoadError(f"{path}: weight {key} has shape {tuple(w.shape)} but config.json implies "
                             f"{tuple(own[key].shape)}; config.json and the weights do not match")
+        if not w.is_floating_point():  # int8 of a quantized checkpoint, or bool: loaded as numbers, a garbage model
+            raise LoadError(f"{path}: weight {key} is stored as {str(w.dtype).removeprefix('torch.')}, not as floating "
+                            "point numbers (a quantized checkpoint?); load_model reads floating point weights only "
+                            "(float32, float16, bfloat16)")
         if w.is_floating_point() and not torch.isfinite(w).all():  # a diverged run's: every answer would be garbage
             raise LoadError(f"{path}: weight {key} holds NaN or infinite values (a run that diverged); take an "
                             "earlier snapshot or checkpoint")
-        own[key].copy_(w.float())
-        loaded.add(key)
-    missing = set(own) - loaded - {"lm_head.weight"}
+        loaded[key] = w
+    missing = set(own) - set(loaded) - {"lm_head.weight"}
     layers = {int(k.split(".")[2]) for k in loaded if k.startswith("transformer.h.")}
     if missing and layers and all(k.startswith("transformer.h.") and int(k.split(".")[2]) > max(layers)
                                   for k in missing):  # whole blocks past the last one the weights hold
@@ -218,6 +226,10 @@ def read_snapshot(name_or_path, device):
                         f"{cfg.n_layer}; config.json and the weights do not match")
     if missing:
         raise LoadError(f"{path}: weights missing for {sorted(missing)[:3]}...; the checkpoint is incomplete")
+    model = GPT(replace(cfg, vocab_size=n_tokens))
+    own = model.state_dict()
+    for key, w in loaded.items():
+        own[key].copy_(w.float())
     return model.to(device).eval(), tokenizer
 
 

@@ -207,7 +207,9 @@ def saved_step(path):
 
 def is_number(value):
     """A logged value that counts: a null, a string or a true, as in a hand-edited file, is no value (left out of
-    means, tables, sums and plots)."""
+    means, tables, sums and plots), and so is a whole number past a float's range (10**400: float() overflows)."""
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        return False
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -278,6 +280,8 @@ def resume_config(cfg, given, saved, source):
     bad = wrong_types({k: v for k, v in saved.items() if k not in START_FLAGS})
     if bad:
         raise RunError(f"{source}, but it holds a setting no flag could give: {bad[0]}")
+    if cfg.auto_resume or cfg.recovery_mode:  # the run goes on where it was found, not where its config.json says it
+        given = set(given) | {"log_dir", "run_name"}  # was (a run directory moved or copied: the other one's)
     base = Config(**{k: v for k, v in saved.items() if k in FIELDS and k not in START_FLAGS},  # fields added since
                   **{k: getattr(cfg, k) for k in START_FLAGS})                                 # keep their defaults
     changed, refused = {}, []
@@ -477,7 +481,7 @@ class RunDir:
         if not os.path.exists(path):
             return None
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM an editor put first
                 return json.load(f)
         except ValueError:
             raise RunError(f"{path} is damaged (not JSON); restore it, or start afresh with --overwrite") from None

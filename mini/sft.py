@@ -164,8 +164,9 @@ TRAIN_BYTES_PER_PARAM = 16  # fp32 weights, their gradients and AdamW's two mome
 def check_fits(shape, device):
     """A ValueError in one sentence when a model of `shape` (a GPTConfig) cannot be trained in the memory `device`
     has free: counted on the meta device, so that nothing is allocated (an oversized --n_embd failed allocating)."""
-    with torch.device("meta"):
-        n = GPT(shape).num_params()
+    with torch.device("meta"):  # one block and two: the count is linear in the depth (a million blocks took minutes)
+        one, two = (GPT(dataclasses.replace(shape, n_layer=k)).num_params() for k in (1, 2))
+    n = one + (shape.n_layer - 1) * (two - one)
     need, free = TRAIN_BYTES_PER_PARAM * n, free_memory_bytes(device)
     if free is not None and need > free:
         raise ValueError(f"a model of {shape.n_layer} layer{'s' * (shape.n_layer != 1)} of width {shape.n_embd} has "

@@ -246,5 +246,19 @@ def test_rows_come_back_in_step_order_and_windows_split_by_hand(tmp_path):
     assert am.window_means(rows, ["kl"], 2) == [(1, 2, {"kl": 1.5}), (3, 5, {"kl": 4.0})]
     assert am.window_means(rows, ["kl"], 3) == [(1, 2, {"kl": 1.5}), (3, 3, {"kl": 3.0}), (4, 5, {"kl": 4.5})]
 
+
+def test_a_whole_number_past_a_floats_range_is_no_value(tmp_path, capsys):
+    """10**400 in a hand-edited metrics.jsonl (JSON reads it as an int) is shown as '-' and left out of the means
+    and the minutes, where dividing it raised OverflowError."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(f'{{"step": 1, "reward_mean": 1{"0" * 400}, "time_step": 1{"0" * 400}}}\n'
+                                       '{"step": 2, "reward_mean": 0.5, "time_step": 60.0}\n')
+    am.main([str(run)])
+    out = capsys.readouterr().out
+    assert "2 steps, 1.0 min" in out and out.splitlines()[3].split() == ["1-1", "-", "-"]
+    assert out.splitlines()[4].split() == ["2-2", "0.500", "60.000"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

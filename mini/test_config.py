@@ -31,6 +31,7 @@ BAD = [
     (["--data_source", "file", "--data_file", "/nonexistent.txt"], "--data_file /nonexistent.txt: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},/none.jsonl"], "--data_file /none.jsonl: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},"], "has an empty name between its commas"),
+    (["--data_source", "file", "--data_file", "/dev/zero"], "--data_file /dev/zero is not a regular file (a device"),
     (["--data_source", "file", "--data_file", os.path.dirname(POOL_PATH)], "/data is a folder; name its JSONL files"),
     (["--sft_data_file", f",{POOL_PATH}", "--env_sft_coef", "1"], "--sft_data_file ',"),
     (["--k_samples", "1"], "--k_samples 1 must be at least 2"),

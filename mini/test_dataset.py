@@ -203,8 +203,11 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
     ({"fen": START, "moves": ["e2e4"], "evals": [10 ** 400]}, "hold an integer too large for a number"),
     ({"fen": START + "\n", "moves": ["e2e4"], "evals": [0.3]}, "its 6 fields are separated by single spaces"),
     ({"fen": START.replace(" ", "  ", 1), "move": "e2e4", "history": ["e2e4"]}, "separated by single spaces"),
-    ({"fen": START, "move": "e2e4+", "history": ["e2e4+"]}, "an A: move is one word (or none) without '+' or spaces"),
-    ({"fen": START, "move": "e2 e4", "history": ["e2e4"]}, "an A: move is one word (or none) without '+'"),
+    ({"fen": START, "move": "e2e4+", "history": ["e2e4+"]}, "an A: move is one word (or none) of at most 10 characters,"
+                                                            " without '+' or spaces"),
+    ({"fen": START, "move": "e2 e4", "history": ["e2e4"]}, "an A: move is one word (or none) of at most 10"),
+    ({"fen": START, "move": "e2e4" * 1000, "history": ["e2e4" * 1000]}, "an A: move is one word (or none) of at most"),
+    ({"fen": START, "move": "", "history": ["g1f3", "zz", ""]}, "history move 'zz' is not a UCI move"),
     ({"fen": START, "move": "e2e4", "history": {"e2e4": 1}}, "a history is a list of UCI moves or one string"),
     ({"fen": START, "move": "e2e4", "history": ["d2d4"]}, "an A: record's history ends with its move 'e2e4'"),
     ({"fen": START, "move": "e2e4", "history": ["g1f3", "g8f6"] * 5 + ["e2e4"]},
@@ -213,7 +216,8 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
 def test_records_a_prompt_would_print_wrong_say_so(tmp_path, record, message):
     """A history is printed into A: prompts, an eval of true would be 1.0, a repeated move a second label, a
     FEN's stray whitespace or a move's '+' would break the prompt's fields, a long history would make a prompt
-    the model cannot hold (a run stopped mid-way): each refused with its line."""
+    the model cannot hold (a run stopped mid-way), and so would a garbled move of any length: each refused with its
+    line."""
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(record) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}:1: ") + "(bad FEN .*|evals .*)?" + re.escape(message)):

@@ -12,6 +12,7 @@ import math
 import os
 import random
 import re
+import sys
 
 import pytest
 import torch
@@ -541,6 +542,36 @@ def test_overwrite_refuses_to_move_aside_the_model_it_would_load(tmp_path):
     assert problems(flags) == [f"--overwrite would move the run {tmp_path / 't1'} aside, and with it --model_path "
                                f"{tmp_path / 't1' / 'final'}: copy the model out first, or pick another --run_name"]
     assert problems({**flags, "run_name": "t"}) == problems({**flags, "overwrite": False}) == []
+
+
+
+def test_overwrite_refuses_to_move_aside_a_model_that_is_the_run_or_a_data_file_in_it(tmp_path):
+    """--run_name naming the model's own snapshot directory, or a --data_file inside the run, with --overwrite: the
+    run moved aside with its input, then the start failed on the missing path (the model's 'no config.json')."""
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1" / "d.jsonl").write_text("")
+    run = {"overwrite": True, "log_dir": str(tmp_path), "run_name": "t1"}
+    assert problems({**run, "model_path": str(tmp_path / "t1")}) == [
+        f"--overwrite would move the run {tmp_path / 't1'} aside, and with it --model_path {tmp_path / 't1'}: copy the "
+        "model out first, or pick another --run_name"]
+    data = {"data_source": "file", "data_file": f"{tmp_path / 't1' / 'd.jsonl'}"}
+    assert problems({**run, **data}) == [f"--overwrite would move the run {tmp_path / 't1'} aside, and with it "
+                                         f"--data_file {tmp_path / 't1' / 'd.jsonl'}: copy the file out first, or "
+                                         "pick another --run_name"]
+    assert problems({**run, "run_name": "t", **data}) == problems({**run, "overwrite": False, **data}) == []
+
+
+def test_a_whole_number_past_a_c_integer_is_refused_in_one_sentence(capsys):
+    """--score_workers 10**22 (an OverflowError in Pool()), --eval_n 10**22 (islice's ValueError): tracebacks
+    once the model had loaded; now a sentence at parse time."""
+    big = 10**22
+    assert problems({"score_workers": big}) == [f"--score_workers {big} is too large a number (at most {sys.maxsize})"]
+    assert problems({"steps": 10**400}) == [f"--steps 1000000000... is too large a number (at most {sys.maxsize})"]
+    assert problems({"eval_n": sys.maxsize, "score_workers": -1}) == []
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--eval_n", str(big), "--model_path", "x/y"])
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(f"--eval_n {big} is too large a number (at most "
+                                                                  f"{sys.maxsize})\n")
 
 
 if __name__ == "__main__":

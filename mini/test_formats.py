@@ -226,6 +226,17 @@ def test_an_a_lines_history_ends_with_its_move():
     assert parse_line(f"A: {fen}++e2e4 +{fen}+-1.0+0+1").truncated == 1  # a garbled move: empty
 
 
+def test_an_a_lines_played_history_is_uci_and_its_garbled_move_short():
+    """As for an A: record of a .jsonl file: the moves that led to the position are UCI moves (a prompt prints them),
+    and a garbled move judged is at most 10 characters, where 4,000 made a prompt past the model's context."""
+    fen, after = chess.STARTING_FEN, "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    with pytest.raises(ValueError, match="^history move 'zz' is not a UCI move"):
+        parse_line(f"A: {fen}+e2e4+zz e2e4+{after}+0.001+0+0")
+    with pytest.raises(ValueError, match="^an A: move is one word .or none. of at most 10 characters"):
+        parse_line(f"A: {fen}+resign_now+g1f3 resign_now+{fen}+-1.0+0+1".replace("resign_now", "resign_now!"))
+    assert parse_line(f"A: {fen}+resign_now+g1f3 resign_now+{fen}+-1.0+0+1").truncated == 1  # 10: garbled, judged
+
+
 def test_a_position_without_its_move_counters_is_a_bad_line_not_an_unscorable_label():
     """python-chess reads a 4-field FEN, and an illegal move's next state is the FEN itself: a label the scorer
     refuses, so that even the true completion would score as invalid. A P: position becomes an A: one too."""

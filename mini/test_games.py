@@ -4,6 +4,7 @@ self-play sources that refresh with the weights and a new seed each time.
 
     python mini/test_games.py
 """
+import json
 import random
 
 import chess
@@ -283,6 +284,14 @@ def test_each_refresh_plays_with_the_current_weights_and_a_new_seed(tmp_path):
         assert [len(h) for _, h in src.pending] == [9, 9, 9]
     assert calls == [("weights A", 5_000_015), ("weights B", 5_000_016), ("weights C", 5_000_017),
                      ("weights D", 5_000_018)]
+
+
+def test_a_mate_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """A mate-in-one file saved by an editor that writes a byte-order mark loads, as data files do, where its first
+    line was "Unexpected UTF-8 BOM"."""
+    path, record = tmp_path / "mates.jsonl", {"fen": "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", "mates": ["a1a8"]}
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(record).encode() + b"\r\n")
+    assert gm.load_mates(str(path)) == [record]
 
 
 if __name__ == "__main__":

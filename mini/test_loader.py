@@ -153,6 +153,18 @@ def test_clear_errors(snapshot, tmp_path):
         load_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["config.json", "vocab.json", "merges.txt"])
+def test_snapshot_files_saved_with_a_byte_order_mark_load(snapshot, tmp_path, name):
+    """A config.json or tokenizer file re-saved by an editor that writes a byte-order mark loads as it was, where it
+    was "damaged (not JSON)", "not a GPT-2 vocabulary" or "merge 0 (#version: 0.2) does not create token 256"."""
+    model, path = snapshot
+    snap = copy_snapshot(path, tmp_path, load_file(os.path.join(path, "model.safetensors")))
+    text = (tmp_path / name).read_bytes()
+    os.unlink(tmp_path / name)  # a link to the snapshot's
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text)
+    assert load_model(snap)[0].config == model.config
+
+
 def test_a_path_is_never_taken_for_a_hub_id(tmp_path, monkeypatch):
     (tmp_path / "logs").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -317,6 +329,35 @@ def test_missing_unexpected_and_too_many_tokens_are_load_errors(snapshot, tmp_pa
     (tmp_path / "small" / "config.json").write_text(json.dumps({**cfg, "vocab_size": 1000}))
     with pytest.raises(LoadError, match="tokenizer has 50257 tokens but the model only 1000"):
         load_model(small)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool])
+def test_weights_stored_as_integers_are_a_load_error(snapshot, tmp_path, dtype):
+    """A weight stored as integers (a quantized checkpoint's int8) or booleans loaded as their numbers, a garbage model
+    with no word said: refused, naming the weight and its type."""
+    _, path = snapshot
+    state = load_file(os.path.join(path, "model.safetensors"))
+    state["transformer.h.0.mlp.c_fc.weight"] = (100 * state["transformer.h.0.mlp.c_fc.weight"]).to(dtype)
+    with pytest.raises(LoadError, match=rf"weight transformer\.h\.0\.mlp\.c_fc\.weight is stored as "
+                                        rf"{str(dtype).removeprefix('torch.')}, not as floating point numbers"):
+        load_model(copy_snapshot(path, tmp_path, state))
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"n_layer": 10**6}, "the weights hold 2 layers but config.json says n_layer 1000000; config.json and the weights"),
+    ({"n_embd": 10**6, "n_head": 1}, r"has shape \(\d+,\) but config.json implies \(3000000,\); config.json and the")],
+    ids=["n_layer", "n_embd"])
+@pytest.mark.timeout(60)  # a million layers built, even on the meta device, take minutes
+def test_a_config_of_sizes_its_weights_lack_is_refused_before_any_memory_is_taken(snapshot, tmp_path, sizes, message):
+    """config.json's sizes are checked against the weights on the meta device: a million layers hung building them,
+    a width of a million failed allocating 200 GB (a RuntimeError past every script's handler)."""
+    _, path = snapshot
+    snap = copy_snapshot(path, tmp_path, load_file(os.path.join(path, "model.safetensors")))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    os.unlink(tmp_path / "config.json")  # a link to the snapshot's
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **sizes}))
+    with pytest.raises(LoadError, match=message):
+        load_model(snap)
 
 
 @torch.no_grad()

@@ -723,5 +723,33 @@ def test_a_run_stopped_by_a_signal_exits_as_the_shell_reports_that_signal():
     assert [runs.signal_exit_code(n) for n in ("SIGINT", "SIGTERM", None)] == [130, 143, 143]
 
 
+def test_a_moved_run_resumes_where_it_was_found_not_where_its_config_json_says(tmp_path):
+    """A run directory copied or moved elsewhere (its config.json names the old --log_dir) and resumed there with
+    --auto_resume or --recovery_mode, --log_dir left at its default: the run goes on in the directory whose
+    config.json was read, never in the old one (which it would have cut back and continued)."""
+    saved = dataclasses.asdict(Config(log_dir="/old/logs", run_name="old"))
+    for start in ("auto_resume", "recovery_mode"):
+        cfg, changed = resume_config(Config(run_name="r", **{start: True}), {"run_name", start}, saved, "the run")
+        assert (cfg.log_dir, cfg.run_name) == ("logs", "r")
+        assert changed == {"log_dir": ("/old/logs", "logs"), "run_name": ("old", "r")}
+    # --resume_from_checkpoint without --run_name continues the checkpoint's own run, where it says it is
+    cfg, _ = resume_config(Config(resume_from_checkpoint="c.pt"), {"resume_from_checkpoint"}, saved, "the run")
+    assert (cfg.log_dir, cfg.run_name) == ("/old/logs", "old")
+
+
+def test_a_config_json_an_editor_gave_a_bom_is_read(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"steps": 3}).encode())
+    assert RunDir(str(tmp_path), "r").saved_config() == {"steps": 3}
+
+
+def test_a_folder_where_the_run_keeps_a_file_stops_train_py_in_one_sentence(tmp_path, capsys):
+    """config.json (or metrics.jsonl, checkpoints/ the other way round) of the wrong kind: one sentence naming it,
+    exit code 1, not an IsADirectoryError's traceback."""
+    (tmp_path / "r" / "config.json").mkdir(parents=True)
+    assert train.main(["--log_dir", str(tmp_path), "--run_name", "r", "--auto_resume", "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'r' / 'config.json'}: is a directory; check the path"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

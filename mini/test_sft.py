@@ -230,6 +230,19 @@ def test_a_model_too_big_to_train_is_refused_before_any_memory_is_taken(monkeypa
     assert "a model of 4 layers of width 16" in capsys.readouterr().err and not (tmp_path / "grown").exists()
 
 
+@pytest.mark.timeout(60)  # a million blocks built, even on the meta device, take minutes
+def test_a_million_layers_are_counted_not_built(monkeypatch):
+    """check_fits counts a model of one block and of two and scales by the depth: --n_layer 1000000 (or --grow_layers)
+    is refused in seconds, where building a million blocks on the meta device hung for minutes."""
+    d, V, P = 16, 50257, 256
+    n = V * d + P * d + 10**6 * (12 * d * d + 13 * d) + 2 * d  # as above, exact
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n - 1)
+    with pytest.raises(ValueError, match=rf"a model of 1000000 layers of width 16 has {n / 1e6:,.0f}M parameters"):
+        sft.check_fits(GPTConfig(10**6, 1, d, P), torch.device("cpu"))
+    monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n)
+    sft.check_fits(GPTConfig(10**6, 1, d, P), torch.device("cpu"))
+
+
 @pytest.mark.parametrize("n_layer", [3, 8, 11])
 def test_grown_model_computes_the_same_function(n_layer, tmp_path):
     """--grow_layers: a 3-layer model deepened to 3, 8 or 11 layers gives the same logits (fp64), with every

@@ -112,6 +112,19 @@ def test_a_loaded_tokenizer_saves_the_files_it_was_read_from(from_files, tmp_pat
     assert (short / "merges.txt").read_bytes() == open(f"{d}/merges.txt", "rb").read()
 
 
+@pytest.mark.parametrize("ids", [0, 10, 255])
+def test_a_vocabulary_without_every_byte_is_damaged(from_files, tmp_path, ids):
+    """A vocab.json of fewer tokens than the 256 bytes (empty, cut short) is refused in one sentence, where an empty one
+    said "max() arg is an empty sequence" and one of 10 tokens loaded and then panicked in tiktoken's Rust (a
+    BaseException, past every handler) at the first character it lacked."""
+    _, d = from_files
+    with open(f"{d}/vocab.json", encoding="utf-8") as f:
+        vocab = {t: i for t, i in json.load(f).items() if i < ids}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(ValueError, match="vocab.json is damaged: not a GPT-2 vocabulary .* the 256 single bytes"):
+        Tokenizer.from_dir(str(tmp_path))
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))

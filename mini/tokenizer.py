@@ -82,19 +82,21 @@ class Tokenizer:
                                     "or save the snapshot with mini.loader.save_model")
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         try:  # a damaged file is a ValueError naming it, whatever python met in it
-            with open(source, encoding="utf-8") as f:
+            with open(source, encoding="utf-8-sig") as f:  # an editor's byte-order mark is not damage
                 vocab = json.load(f)
             vocab = vocab if source == vocab_file else vocab["model"]["vocab"]
             ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok != EOS}
             if not all(type(i) is int for i in vocab.values()) or sorted(ranks.values()) != list(range(len(ranks))):
                 raise ValueError
+            if not all(bytes([b]) in ranks for b in range(256)):  # else tiktoken panics encoding a byte it lacks
+                raise ValueError
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError: a ValueError
-            raise ValueError(f"{source} is damaged: not a GPT-2 vocabulary (a JSON object of byte-level tokens and "
-                             "the ids 0, 1, 2, ...)") from None
+            raise ValueError(f"{source} is damaged: not a GPT-2 vocabulary (a JSON object of byte-level tokens, "
+                             "the 256 single bytes among them, and the ids 0, 1, 2, ...)") from None
         merges_file = os.path.join(path, "merges.txt")
         if os.path.exists(merges_file):  # ids-as-ranks is exact only if merge i made token 256 + i
             try:
-                with open(merges_file, encoding="utf-8") as f:
+                with open(merges_file, encoding="utf-8-sig") as f:
                     merges = [line.split() for line in f if line.strip() and not line.startswith("#version")]
             except ValueError:  # not UTF-8
                 raise ValueError(f"{merges_file} is damaged (not UTF-8 text)") from None

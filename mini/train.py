@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed, grpo, logprobs
 from mini.autobatch import choose_batch_size
-from mini.flags import parse_args
+from mini.flags import error_sentence, parse_args
 from mini.dataset import ReplayBuffer, make_source, pad_widths
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
@@ -492,10 +492,13 @@ def main(argv=None):
             say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
         return 130
     except Exception as e:  # a write outside disk_guard
-        if not is_disk_full(e):
-            raise
-        say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
-        return 1
+        if is_disk_full(e):
+            say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
+            return 1
+        if isinstance(e, OSError) and e.filename:  # a folder where the run keeps a file, or the reverse
+            say(f"error: {error_sentence(e)}")
+            return 1
+        raise
     finally:
         for sig, handler in startup.items():
             signal.signal(sig, handler)
