@@ -195,7 +195,7 @@ class GPT(nn.Module):
         S = start
         p_pos = (p_mask.long().cumsum(1) - 1).clamp(min=0)  # (U, S)
         s_pos = (p_mask.sum(1)[rows, None] + s_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, Ts)
-        self._check_positions(s_pos)
+        self._check_positions(s_pos if s_pos.shape[1] else p_pos)  # each row's suffix continues its prefix
         # the masks of hidden(): the suffix's queries sit at columns S.. over the keys [prefix, suffix]
         p_attn = causal_mask(torch.arange(S, device=idx.device), p_mask)  # (U, 1, S, S)
         s_attn = causal_mask(torch.arange(S, T, device=idx.device), torch.cat([p_mask[rows], s_mask], 1))  # (B, 1, Ts, T)

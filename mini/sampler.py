@@ -351,6 +351,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     untempered distribution. Identical prompts (a GRPO group) are prefilled once, and with shared_prefix
     their keys and values stay stored once (SharedPrefixCache); without, every row gets its own copy (KVCache);
     None: whichever is faster on the model's device (shares_prefix).
+    No prompts: []; max_new_tokens 0: an empty completion per prompt.
     Rows stop at EOS or after max_new_tokens; the host checks for "all rows done" every `stop_check_every`
     tokens only. With drop_finished, eager decode then stops computing the finished rows once they are a
     quarter of those left (a compiled step keeps its shapes); a row's tokens do not depend on the others.
@@ -365,9 +366,18 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     # convert the whole cache every token
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
         else next(model.parameters()).dtype
+    if temperature < 0 or max_new_tokens < 0 or stop_check_every < 1:
+        raise ValueError(f"generate needs temperature >= 0, max_new_tokens >= 0 and stop_check_every >= 1; got "
+                         f"{temperature}, {max_new_tokens} and {stop_check_every}")
     unique = {tuple(p): i for i, p in enumerate(dict.fromkeys(tuple(p) for p in prompts))}
     if any(len(p) == 0 for p in unique):
         raise ValueError("generate got an empty prompt; every prompt needs at least one token")
+    vocab = model.config.vocab_size
+    if any(not 0 <= t < vocab for p in unique for t in p):
+        raise ValueError(f"generate got a prompt token outside the model's vocabulary of {vocab}; "
+                         "encode the prompts with the model's tokenizer")
+    if not prompts:
+        return []
     ids, mask = pad_left([list(p) for p in unique], eos_id, device)  # (U, Tp)
     U, Tp = ids.shape
     N = len(prompts)
@@ -377,6 +387,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     if longest > model.config.n_positions:
         raise PromptTooLong(f"a prompt plus max_new_tokens needs {longest} positions but the model has "
                             f"{model.config.n_positions}; shorten the prompt or lower max_new_tokens")
+    if max_new_tokens == 0:
+        return [([], torch.zeros(0)) for _ in prompts]
     scale = 1.0 / temperature if temperature > 0 else 1.0
     temperature = 1.0 if temperature > 0 else 0.0  # greedy, or sampling from logits that come divided already
 

@@ -132,6 +132,12 @@ def uci_handshake(path):
 ENGINE_NAMES = {}  # binary -> its UCI `id name`, for the binaries that speak UCI
 
 
+def is_label(moves, evals):
+    """Whether a label cache line's moves and evals are what annotate writes: UCI strings and as many numbers."""
+    return (isinstance(moves, list) and isinstance(evals, list) and len(moves) == len(evals)
+            and all(isinstance(m, str) for m in moves) and all(type(e) in (int, float) for e in evals))
+
+
 def to_cp(score):
     """A side-to-move score in centipawns, mate in n = +-(MATE_CP - n): mates dwarf any material count."""
     return score.relative.score(mate_score=MATE_CP)
@@ -217,6 +223,8 @@ class Annotator:
             self.idle.put(None)
         for r in read_jsonl(cache_path, keys=("fen", "moves", "evals")):
             if not isinstance(r["fen"], str):  # another JSON type where the position goes: a damaged line
+                continue
+            if not is_label(r["moves"], r["evals"]):  # a hand-edited "x" would reach a reward as a string
                 continue
             if r.get("limit") == self.tag and r.get("multipv") == multipv and r.get("engine") == self.engine:
                 self.cache[r["fen"]] = (r["moves"], r["evals"])
@@ -343,7 +351,8 @@ class Annotator:
             if not (isinstance(r, dict) and {"fen", "move"} <= r.keys()):  # damaged bytes: searched again
                 continue
             if (r.get("limit") == self.tag and r.get("engine") == self.engine and r.get("rule") == MOVE_CACHE_RULE
-                    and "cp" in r and isinstance(r["fen"], str) and isinstance(r["move"], str)):
+                    and "cp" in r and isinstance(r["fen"], str) and isinstance(r["move"], str)
+                    and type(r["cp"]) is int):  # to_cp's: a string or a float is a damaged line
                 self.move_cache[r["fen"], r["move"]] = r["cp"]
 
     def evals_after(self, pairs):

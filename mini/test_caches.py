@@ -16,6 +16,7 @@ import chess.engine
 import pytest
 
 import mini.runs as runs
+from mini import stockfish
 from mini.stockfish import ENGINE_NAMES, MOVE_CACHE_RULE, Annotator, append_jsonl
 from mini.reward_scorer import EngineReward, close_engines
 from mini.selfplay import SelfPlaySource
@@ -100,7 +101,8 @@ def test_a_damaged_move_cache_line_is_read_past_not_a_traceback(tmp_path):
     cache = tmp_path / "moves.jsonl"
     damaged = ["123", "[1, 2]", '"text"', json.dumps({k: v for k, v in move_record().items() if k != "fen"}),
                "[" * 100_000 + "]" * 100_000, json.dumps(move_record(fen=[START])), json.dumps(move_record(move={})),
-               json.dumps({k: v for k, v in move_record(move="d2d4").items() if k != "cp"})]
+               json.dumps({k: v for k, v in move_record(move="d2d4").items() if k != "cp"}),
+               json.dumps(move_record(move="d2d4", cp="x")), json.dumps(move_record(move="g1f3", cp=1.5))]
     cache.write_text("\n".join(damaged + [json.dumps(move_record())]) + "\n")
     with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
         assert ann.move_cache == {(START, "e2e4"): 12345}
@@ -112,6 +114,18 @@ def test_a_label_line_whose_position_is_not_text_is_read_past(tmp_path):
     not an unhashable-key traceback when the cache loads; the whole record after it is read."""
     cache = str(tmp_path / "labels.jsonl")
     append_jsonl(cache, [label_record(fen=[START]), label_record(fen={"a": 1}), label_record()])
+    with Annotator(workers=1, cache_path=cache, depth=2) as ann:
+        assert ann.cache == {START: PLANTED}
+
+
+@needs_stockfish
+@pytest.mark.parametrize("moves, evals", [("a2a3", [9.99]), (["a2a3"], ["x"]), (["a2a3"], [9.99, 1.0]),
+                                          ([1], [9.99]), (["a2a3"], [None]), (["a2a3"], [True])])
+def test_a_label_line_of_other_moves_or_evals_is_read_past(tmp_path, moves, evals):
+    """A label line whose moves or evals are not a list of UCI strings and as many numbers (hand-edited or damaged) is
+    read past, where its "x" reached the policy reward as a string."""
+    cache = str(tmp_path / "labels.jsonl")
+    append_jsonl(cache, [label_record(moves=moves, evals=evals, fen="8/8/8/8/8/8/8/K6k w - - 0 1"), label_record()])
     with Annotator(workers=1, cache_path=cache, depth=2) as ann:
         assert ann.cache == {START: PLANTED}
 
@@ -165,6 +179,42 @@ def test_the_search_limit_is_the_one_its_cache_lines_are_tagged_with(settings, l
     with Annotator(workers=1, cache_path="", **settings) as ann:
         assert ann.limit == limit
         assert ann.tag == ("time=0.05" if limit.time else f"nodes={limit.nodes}" if limit.nodes else f"depth={limit.depth}")
+
+
+@needs_stockfish
+def test_an_annotator_runs_one_engine_per_core_and_closes_them(monkeypatch):
+    """Without a worker count, one engine per core; every engine started is gone once the Annotator closes."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    with Annotator(cache_path="", depth=2) as ann:
+        assert ann.workers == 3 and ann.idle.qsize() == 3
+    with Annotator(workers=1, cache_path="", multipv=1, depth=2) as ann:
+        ann.evals_after([(START, "e2e4")])
+        engine = ann.idle.queue[0]
+        assert engine.transport.get_returncode() is None
+    ended = engine.transport.get_returncode() is not None
+    stockfish.close_engine(engine, kill=True)  # a no-op once closed; an engine left running would hold the tests
+    assert ended
+
+
+@needs_stockfish
+def test_each_engine_searches_with_one_thread(monkeypatch):
+    """Threads 1, set once when the engine starts: a search with one thread and a cleared hash repeats exactly."""
+    configured, configure = [], stockfish.DeadlineEngine.configure
+    monkeypatch.setattr(stockfish.DeadlineEngine, "configure",
+                        lambda self, options: configured.append(options) or configure(self, options))
+    with Annotator(workers=1, cache_path="", multipv=1, depth=2) as ann:
+        ann.evals_after([(START, "e2e4"), (START, "d2d4")])
+    assert configured == [{"Threads": 1}]
+
+
+@needs_stockfish
+def test_a_label_has_as_many_lines_as_the_multipv_asked(tmp_path):
+    """MultiPV 2 labels the two best moves (of the 20 legal ones), and the line written says 2."""
+    cache = tmp_path / "labels.jsonl"
+    with Annotator(workers=1, cache_path=str(cache), multipv=2, depth=2) as ann:
+        moves, evals = ann.annotate([START])[START]
+    assert len(moves) == len(evals) == 2 and len(set(moves)) == 2
+    assert json.loads(cache.read_text())["multipv"] == 2
 
 
 @needs_stockfish

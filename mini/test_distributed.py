@@ -13,13 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
 import mini.train as train
-from mini import distributed
-from mini.config import POOL_PATH
+from mini import distributed, runtime
+from mini.config import POOL_PATH, Config
 from mini.flags import parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.loader import load_model
@@ -240,6 +241,73 @@ def test_auto_device_is_cuda_where_torch_sees_it(monkeypatch):
     for available, want in ((True, "cuda"), (False, "cpu")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
         assert resolve_device("auto") == torch.device(want) and resolve_device("cpu") == torch.device("cpu")
+
+
+def test_autocast_computes_in_bf16_on_either_device():
+    """bf16, not torch.autocast's own default (fp16 on CUDA, whose range overflows in attention logits)."""
+    for device, cfg in ((torch.device("cuda"), Config(bf16=True)), (torch.device("cpu"), Config(bf16_cpu=True))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # CUDA's autocast warns where CUDA is not available
+            ctx = runtime.autocast(device, cfg)
+        assert (ctx.device, ctx.fast_dtype) == (device.type, torch.bfloat16)
+
+
+def test_without_torchrun_the_process_is_a_world_of_one_and_cleanup_leaves_nothing(monkeypatch):
+    """Plain python: rank 0 of 1, the main process, no group; cleanup destroys none. In a group, cleanup collects
+    the garbage (a DDP wrapper's reducer) first, then destroys the group."""
+    alone = (distributed.world_size(), distributed.rank(), distributed.is_main(), distributed.active())
+    assert alone == (1, 0, True, False)
+    calls = []
+    monkeypatch.setattr(distributed.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    distributed.cleanup()
+    assert calls == []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    distributed.cleanup()
+    assert calls == ["collect", "destroy"]
+
+
+def test_a_restored_rng_state_sets_the_cuda_generators_where_there_are_some(monkeypatch):
+    """A checkpoint's CUDA generator states go back where CUDA is available; a CPU run's checkpoint (None) or a
+    machine without CUDA leaves them alone."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["gpu0 state", "gpu1 state"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = runtime.rng_state()
+    assert state["cuda"] == ["gpu0 state", "gpu1 state"]
+    runtime.set_rng_state(state)
+    assert restored == [["gpu0 state", "gpu1 state"]]
+    runtime.set_rng_state({**state, "cuda": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    runtime.set_rng_state(state)
+    assert len(restored) == 1
+
+
+def test_cuda_phases_wait_for_the_device_and_peaks_are_in_mib(monkeypatch):
+    """On CUDA a phase's seconds are taken after its queued work finishes (synchronize), not when it was queued;
+    the peak memory is max_memory_allocated in MiB."""
+    events, clock = [], iter([0.0, 1.0, 3.0])
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: events.append("clock") or next(clock))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    timer = runtime.PhaseTimer(cuda=True)
+    with timer("generate"):
+        pass
+    assert events == ["clock", "clock", "sync", "clock"] and timer.times == {"generate": 2.0}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**20)
+    assert runtime.peak_memory_mb(torch.device("cuda")) == 3.0
+
+
+def test_the_callers_script_is_hidden_from_workers_then_given_back(monkeypatch):
+    """Inside caller_script_hidden, __main__ has no __file__ and a None __spec__ (multiprocessing does not run
+    it again); after it, both are the caller's again, even when the body raised."""
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "__file__", "/somewhere/script.py", raising=False)
+    monkeypatch.setattr(main, "__spec__", "the spec", raising=False)
+    with pytest.raises(KeyError), runtime.caller_script_hidden():
+        assert not hasattr(main, "__file__") and main.__spec__ is None
+        raise KeyError("the body failed")
+    assert (main.__file__, main.__spec__) == ("/somewhere/script.py", "the spec")
 
 
 def test_torchrun_with_one_process_is_the_plain_run(spawn, tiny, tmp_path):

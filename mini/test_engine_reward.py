@@ -76,6 +76,19 @@ def test_move_score_by_hand():
     assert move_score(-1200, -3000) == 1.0  # both beyond the clip: the same W, nothing more to lose
 
 
+def test_engine_scores_by_hand():
+    """to_cp and to_pawns take the side to move's view (python-chess's relative score): +0.5 for Black to move is
+    +50 cp, not White's -50; mate in 3 is MATE_CP - 3 cp, 999.97 pawns; mated in 2 is -(MATE_CP - 2), -999.98."""
+    import chess.engine
+    pov = lambda score, turn=chess.WHITE: chess.engine.PovScore(score, turn)
+    assert (stockfish.to_cp(pov(chess.engine.Cp(50), chess.BLACK)), stockfish.to_pawns(pov(chess.engine.Cp(-35)))) == \
+        (50, -0.35)
+    assert stockfish.to_cp(pov(chess.engine.Mate(3))) == MATE_CP - 3 == 99997
+    assert stockfish.to_pawns(pov(chess.engine.Mate(3), chess.BLACK)) == 999.97
+    assert (stockfish.to_cp(pov(chess.engine.Mate(-2))), stockfish.to_pawns(pov(chess.engine.Mate(-2)))) == \
+        (-99998, -999.98)
+
+
 def test_move_quality_labelled_and_illegal_moves():
     """No engine needed: labelled moves take their labelled eval, an illegal move scores 0 and costs the cap."""
     q = move_quality(QUEEN, "d5e4")  # -0.57 against the best 0.8: W 0.4477 / 0.5731
@@ -259,6 +272,20 @@ def test_a_move_that_ends_the_game_is_scored_without_a_search():
     with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1) as ann:
         ann._with_engine = lambda *a: pytest.fail("a finished game was searched")
         assert ann.evals_after([mate, stalemate]) == {mate: MATE_CP - 1, stalemate: 0}
+
+
+@needs_stockfish
+def test_a_move_that_lets_the_opponent_mate_is_mated_in_as_many_moves():
+    """Kh8?? lets Ra8 mate at once: the eval after it, for the mover, is the engine's mate in 1 for the opponent
+    negated, -(MATE_CP - 1), as a search from the root restricted to Kh8 says; only the mover's own mates are
+    shifted by its move (test_a_mate_after_the_move_counts_the_move)."""
+    import chess.engine
+    fen, move = "6k1/5ppp/8/8/8/8/8/R5K1 b - - 0 1", "g8h8"
+    with chess.engine.SimpleEngine.popen_uci(STOCKFISH) as sf:
+        root = sf.analyse(chess.Board(fen), chess.engine.Limit(depth=DEPTH), root_moves=[chess.Move.from_uci(move)])
+    assert root["score"].relative.score(mate_score=MATE_CP) == -(MATE_CP - 1)
+    with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1) as ann:
+        assert ann.evals_after([(fen, move)]) == {(fen, move): -(MATE_CP - 1)}
 
 
 @needs_stockfish

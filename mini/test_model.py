@@ -138,7 +138,8 @@ def test_a_sequence_past_the_last_position_is_one_sentence():
     mask[:, :2] = 0  # left padding takes no position: 8 real tokens fit
     assert m.hidden(fits, mask).shape == (2, 10, 16) and m.completion_hidden(fits, mask, 4).shape == (2, 6, 16)
     one_over = fits[:, 1:]  # 9 real tokens: positions 0..8
-    for run in (lambda: m.hidden(one_over), lambda: m.completion_hidden(one_over, torch.ones(2, 9), 4)):
+    for run in (lambda: m.hidden(one_over), lambda: m.completion_hidden(one_over, torch.ones(2, 9), 4),
+                lambda: m.completion_hidden(one_over, torch.ones(2, 9), 9)):  # no suffix: the prefix is too long
         with pytest.raises(ValueError, match="sequence needs position 8 but the model has 8"):
             run()
 
@@ -180,6 +181,27 @@ def test_init_scales_the_residual_projections_by_depth():
             assert not p.any(), name
         else:
             assert abs(p.std().item() / 0.02 - 1) < 0.1, name
+
+
+def test_adamw_is_fused_on_cuda_only():
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=8, vocab_size=10))
+    assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cuda").defaults["fused"] is True
+    assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").defaults["fused"] is None
+
+
+def test_cast_matmuls_casts_every_linear_and_unties_the_output_layer():
+    """The reference's cast: every Linear's weight and bias in the matmul dtype, the output layer a frozen bf16 copy
+    of the embedding, which (like the position embedding and the LayerNorms) stays fp32 and is not cast with it."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, n_positions=8, vocab_size=50))
+    wte = m.transformer.wte.weight.detach().clone()
+    assert m.cast_matmuls(torch.bfloat16) is m
+    linears = [x for x in m.modules() if isinstance(x, torch.nn.Linear) and x is not m.lm_head]
+    assert len(linears) == 2 * 4 and all(x.weight.dtype == x.bias.dtype == torch.bfloat16 for x in linears)
+    assert m.lm_head.weight.dtype == torch.bfloat16 and not m.lm_head.weight.requires_grad
+    assert torch.equal(m.lm_head.weight, wte.to(torch.bfloat16)) and torch.equal(m.transformer.wte.weight, wte)
+    others = [p for n, p in m.named_parameters() if "ln" in n or "wte" in n or "wpe" in n]
+    assert len(others) == 2 + 2 * 2 * 2 + 2 and all(p.dtype == torch.float32 for p in others)
 
 
 def test_num_params_counts_the_tied_embedding_once():

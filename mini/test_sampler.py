@@ -282,6 +282,29 @@ def test_generate_rejects_too_long_requests_and_empty_prompts():
         generate(m, [[1, 2], []], max_new_tokens=2)  # else its row would start from a padding column
 
 
+@pytest.mark.parametrize("kwargs, match", [({"temperature": -0.5}, "temperature >= 0"),
+                                           ({"max_new_tokens": -1}, "max_new_tokens >= 0"),
+                                           ({"stop_check_every": 0}, "stop_check_every >= 1"),
+                                           ({"prompts": [[1, 20]]}, "outside the model's vocabulary of 20"),
+                                           ({"prompts": [[-1]]}, "outside the model's vocabulary of 20")])
+def test_generate_rejects_bad_settings_and_tokens_in_one_sentence(kwargs, match):
+    """A negative temperature was silently greedy, stop_check_every 0 a ZeroDivisionError, a token past the
+    vocabulary an IndexError deep in the embedding."""
+    m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
+    with pytest.raises(ValueError, match=match):
+        generate(m, **{"prompts": [[1, 2]], "max_new_tokens": 3, "eos_id": 19, **kwargs})
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_generate_of_no_prompts_or_no_new_tokens_is_empty(temperature):
+    """No prompts: no completions; a budget of 0 tokens: an empty completion per prompt (sampling raised an
+    IndexError on the uniforms of its first token)."""
+    m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
+    assert generate(m, [], 3, temperature, eos_id=19) == []
+    out = generate(m, [[1, 2], [3]], 0, temperature, eos_id=19)
+    assert [(toks, lp.shape, lp.dtype) for toks, lp in out] == [([], (0,), torch.float32)] * 2
+
+
 def uniform_model(vocab, eos_id, eos_logit=-1e4, n_positions=16):
     """A model whose every next-token distribution is uniform over the tokens but EOS, whose logit is eos_logit:
     zero weights, and ln_f's output 1 in dimension 0, where only EOS's (tied) embedding is non-zero."""
@@ -385,6 +408,14 @@ def test_sample_next_at_top_k_1_or_temperature_0_takes_the_argmax():
     assert torch.equal(nxt, best) and torch.equal(logp, torch.zeros(64, dtype=torch.float64))
     nxt, logp = sample_next(logits, 0, top_k=5)
     assert torch.equal(nxt, best) and torch.allclose(logp, logits.log_softmax(-1).max(-1).values, atol=1e-12, rtol=0)
+
+
+def test_sample_next_at_a_uniform_of_exactly_1_draws_the_last_token():
+    """A caller's uniforms may reach 1 (torch.rand's do not): u * total is then the cdf's last value, which
+    searchsorted(right=True) puts past the vocabulary; the draw is the last token, with its log-prob."""
+    logits = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    nxt, logp = sample_next(logits, 1.0, u=torch.ones(2, dtype=torch.float64))
+    assert nxt.tolist() == [3, 3] and torch.allclose(logp, logits.log_softmax(-1)[:, 3], atol=1e-12, rtol=0)
 
 
 def test_sample_next_top_k_beyond_the_vocabulary_is_no_restriction():
