@@ -5345,6 +5345,11 @@ MUTANTS = [
            'stockfish.py', '\n                    and type(r["cp"]) is int):',
            '):',
            ('mini/test_caches.py::test_a_damaged_move_cache_line_is_read_past_not_a_traceback',)),
+    # the ninth session: a move cache cut back while read
+    Mutant('move_cache_cut_back_unread', 'a shared move cache emptied and rewritten by another process is read from the old end: every later hit is missed',
+           'stockfish.py', 'if os.fstat(f.fileno()).st_size < self.move_cache_read:',
+           'if False:',
+           ('mini/test_caches.py::test_a_move_cache_cut_back_or_made_anew_is_read_from_its_start',)),
 ]
 
 

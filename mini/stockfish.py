@@ -335,10 +335,12 @@ class Annotator:
     def _read_move_cache(self):
         """Take in the move cache's lines written since the last read, by this process or any other (the
         scoring workers of a run, other runs): the file is the cache they share. A line still being written
-        waits for the next read; a cut-off one is skipped."""
+        waits for the next read; a cut-off one is skipped; a file shorter than what was read is read again."""
         if not self.move_cache_path or not os.path.exists(self.move_cache_path):
             return
         with open(self.move_cache_path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < self.move_cache_read:  # cut back or made anew: its lines are new
+                self.move_cache_read = 0
             f.seek(self.move_cache_read)
             chunk = f.read()
         whole = chunk[:chunk.rfind(b"\n") + 1]

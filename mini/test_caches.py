@@ -94,6 +94,18 @@ def test_a_move_cache_line_still_being_written_is_read_once_it_is_whole(tmp_path
 
 
 @needs_stockfish
+def test_a_move_cache_cut_back_or_made_anew_is_read_from_its_start(tmp_path):
+    """Another process empties the shared move cache (or a user deletes it) and writes a shorter one: its lines are
+    read from the start, not from the old end past them, where every later hit was missed."""
+    cache = tmp_path / "moves.jsonl"
+    append_jsonl(str(cache), [move_record(move=m) for m in ("e2e4", "d2d4", "g1f3")])
+    with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
+        cache.unlink()
+        append_jsonl(str(cache), [move_record(move="c2c4", cp=23456)])
+        assert ann.evals_after([(START, "c2c4")]) == {(START, "c2c4"): 23456}
+        assert ann.stats["hits"] == 1 and ann.stats["misses"] == 0
+
+@needs_stockfish
 def test_a_damaged_move_cache_line_is_read_past_not_a_traceback(tmp_path):
     """Lines that are JSON but not a record (a number, a list, a record without its position or its eval, or with a
     position or move that is not text, nesting too deep for the parser) are skipped like a cut-off line: the
