@@ -28,11 +28,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snap
 import torch
 
 from mini.autobatch import choose_batch_size
-from mini.config import DATA_DIR, EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
+from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
 from mini.flags import Parser, Switch, error_sentence, parse_args
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
-from mini.evaluate import save_report
+from mini.evaluate import in_data_dir, save_report
 from mini.loader import SNAPSHOT_FILES, save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
@@ -547,7 +547,7 @@ def main(argv=None):
         inputs = [f for f in a.data_file.split(",") if f] + [os.path.join(a.model_path, f) for f in SNAPSHOT_FILES
                                                               if a.model_path]
         real = os.path.realpath(a.json)
-        if any(real == os.path.realpath(f) for f in inputs) or real.startswith(os.path.realpath(DATA_DIR) + os.sep):
+        if any(real == os.path.realpath(f) for f in inputs) or in_data_dir(real):
             p.error(f"--json {a.json} would write the figures over an input or a file the project ships; give them "
                     "a file of their own")
     for k, v in MODE_DEFAULTS[a.mode].items():

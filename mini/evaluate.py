@@ -258,6 +258,11 @@ def report_sample(x):
         isinstance(x[k], str) for k in ("prompt", "completion", "label") if k in x)
 
 
+def in_data_dir(path):
+    """Whether path lies under mini/data/, among the files the project ships."""
+    return os.path.realpath(path).startswith(os.path.realpath(DATA_DIR) + os.sep)
+
+
 def report_path(parser, out, model_path, name, inputs=()):
     """Where a report goes: out (--out), else `name` in the model's folder; a path that could not be written,
     or that names an input (a data file, a file of the snapshot), is refused at once (parser.error), not after
@@ -270,7 +275,7 @@ def report_path(parser, out, model_path, name, inputs=()):
     if any(real == os.path.realpath(path) for path in [*inputs, *snapshot] if path):
         parser.error(f"--out {out} would write the report over an input of this evaluation; give the report a "
                      "file of its own")
-    if os.path.isfile(real) and real.startswith(os.path.realpath(DATA_DIR) + os.sep):
+    if os.path.isfile(real) and in_data_dir(real):
         parser.error(f"--out {out} would write the report over a file the project ships (mini/data/); give the "
                      "report a file of its own")
     return out

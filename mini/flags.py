@@ -116,16 +116,17 @@ def problems(values, checks=None):
     if v("run_name") and not v("run_name").isprintable() or v("run_name") and not v("run_name").strip():
         out.append(f"--run_name {v('run_name')!r} must be a name one can type: printable, not blank")
     model, run = v("model_path"), v("log_dir") and v("run_name") and os.path.join(v("log_dir"), v("run_name"))
-    # in the run directory, or the directory itself (a --run_name that is the model's snapshot)
-    inside = lambda path: (os.path.realpath(path) + os.sep).startswith(os.path.realpath(run) + os.sep)
-    if v("overwrite") and model and run and os.path.isdir(run) and inside(model):
-        out.append(f"--overwrite would move the run {run} aside, and with it --model_path {model}: copy the model "
-                   "out first, or pick another --run_name")
-    for flag in ("data_file", "sft_data_file"):
-        for path in (v(flag) or "").split(",") if v("overwrite") and run and os.path.isdir(run) else ():
-            if path and inside(path):
-                out.append(f"--overwrite would move the run {run} aside, and with it --{flag} {path}: copy the "
-                           "file out first, or pick another --run_name")
+    if v("overwrite") and run and os.path.isdir(run):
+        # in the run directory, or the directory itself (a --run_name that is the model's snapshot)
+        inside = lambda path: (os.path.realpath(path) + os.sep).startswith(os.path.realpath(run) + os.sep)
+        if model and inside(model):
+            out.append(f"--overwrite would move the run {run} aside, and with it --model_path {model}: copy the "
+                       "model out first, or pick another --run_name")
+        for flag in ("data_file", "sft_data_file"):
+            for path in (v(flag) or "").split(","):
+                if path and inside(path):
+                    out.append(f"--overwrite would move the run {run} aside, and with it --{flag} {path}: copy the "
+                               "file out first, or pick another --run_name")
     if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")

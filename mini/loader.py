@@ -214,7 +214,7 @@ def read_snapshot(name_or_path, device):
             raise LoadError(f"{path}: weight {key} is stored as {str(w.dtype).removeprefix('torch.')}, not as floating "
                             "point numbers (a quantized checkpoint?); load_model reads floating point weights only "
                             "(float32, float16, bfloat16)")
-        if w.is_floating_point() and not torch.isfinite(w).all():  # a diverged run's: every answer would be garbage
+        if not torch.isfinite(w).all():  # a diverged run's: every answer would be garbage
             raise LoadError(f"{path}: weight {key} holds NaN or infinite values (a run that diverged); take an "
                             "earlier snapshot or checkpoint")
         loaded[key] = w
