@@ -233,6 +233,16 @@ def read_snapshot(name_or_path, device):
     return model.to(device).eval(), tokenizer
 
 
+def fsync_path(path):
+    """Flush a file's (or a directory's) data to the disk: without it a power loss shortly after a rename may
+    leave the new name pointing at an empty file (ext4's delayed allocation), the old one already gone."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     """Write a Hugging Face GPT-2 snapshot with weights in dtype (bf16 halves the file; load_model reads
     either as fp32); a temporary directory is renamed into place when complete. A snapshot already in
@@ -258,6 +268,9 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
         tokenizer.save(tmp)
         for name in os.listdir(tmp):  # load_model verifies them
             write_checksum(os.path.join(tmp, name))
+        for name in os.listdir(tmp):  # on the disk before the rename makes them the snapshot
+            fsync_path(os.path.join(tmp, name))
+        fsync_path(tmp)
     except BaseException:  # a full disk: no half-written snapshot left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -266,5 +279,6 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     if os.path.exists(out_dir):
         os.rename(out_dir, aside)
     os.rename(tmp, out_dir)
+    fsync_path(os.path.dirname(out_dir))  # the renames
     shutil.rmtree(aside, ignore_errors=True)
     return out_dir

@@ -5350,6 +5350,22 @@ MUTANTS = [
            'stockfish.py', 'if os.fstat(f.fileno()).st_size < self.move_cache_read:',
            'if False:',
            ('mini/test_caches.py::test_a_move_cache_cut_back_or_made_anew_is_read_from_its_start',)),
+    # the tenth session: the final snapshot synced as a checkpoint is
+    Mutant('snapshot_files_unsynced', "a snapshot's files may not be on the disk when its name is",
+           'loader.py', '            fsync_path(os.path.join(tmp, name))\n', '            pass\n',
+           ('mini/test_loader.py::test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after',)),
+    Mutant('snapshot_folder_unsynced', "a snapshot folder's listing may be lost when it is renamed in",
+           'loader.py', '        fsync_path(tmp)\n', '',
+           ('mini/test_loader.py::test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after',)),
+    Mutant('snapshot_rename_unsynced', "a snapshot's rename may be lost on a power loss",
+           'loader.py', '    fsync_path(os.path.dirname(out_dir))  # the renames\n', '',
+           ('mini/test_loader.py::test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after',)),
+    Mutant('annotator_closed_waits', 'a search on a closed Annotator waits for ever for an engine',
+           'stockfish.py', '        if self.closed:  # its engines are gone', '        if False:  # its engines are gone',
+           ('mini/test_caches.py::test_an_annotator_used_after_close_says_so_and_does_not_wait',)),
+    Mutant('annotator_closed_before_its_chunks', "close() marks the Annotator closed before submit()'s last chunk is searched",
+           'stockfish.py', '    def close(self):\n', '    def close(self):\n        self.closed = True\n',
+           ('mini/test_annotate.py::test_close_lets_the_chunk_being_searched_finish_and_cancels_the_rest',)),
 ]
 
 

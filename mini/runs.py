@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from mini import distributed
 from mini.config import FIELDS, START_FLAGS, Config
 from mini.flags import problems, wrong_types
-from mini.loader import check_checksum, save_model, write_checksum
+from mini.loader import check_checksum, fsync_path, save_model, write_checksum
 from mini.runtime import rng_state, set_rng_state
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # JSONL logs with a "step" per row, cut back on resume
@@ -90,16 +90,6 @@ def disk_guard(path, need_bytes=0):
         if is_disk_full(e):
             raise RunError(disk_full(path, need_bytes)) from None
         raise
-
-
-def fsync_path(path):
-    """Flush a file's (or a directory's) data to the disk: without it a power loss shortly after a rename may
-    leave the new name pointing at an empty file (ext4's delayed allocation), the old one already gone."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomic(path, write, need_bytes=0):

@@ -232,7 +232,7 @@ class Annotator:
         self._read_move_cache()
         self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
         self.driver = None  # the background thread of submit(), started on first use
-        self.deadline, self.failed = engine_deadline(self.limit, multipv), None
+        self.deadline, self.failed, self.closed = engine_deadline(self.limit, multipv), None, False
 
     def _start(self):
         engine = open_engine(self.path, self.deadline)
@@ -255,6 +255,8 @@ class Annotator:
         """work(engine) on an idle engine of the pool: the one engine-call path of every analysis. An engine
         that dies or exceeds its deadline is killed and restarted; after ENGINE_TRIES failures on one position
         an EngineFailure names the engine and the position, and every later call fails at once with it."""
+        if self.closed:  # its engines are gone: idle.get() would wait for ever
+            raise RuntimeError("this Annotator is closed; make a new one to search again")
         engine = self.idle.get()
         try:
             for _ in range(ENGINE_TRIES):
@@ -417,6 +419,7 @@ class Annotator:
     def close(self):
         if self.driver is not None:
             self.driver.shutdown(wait=True, cancel_futures=True)  # the chunk being searched finishes (and is cached)
+        self.closed = True
         while not self.idle.empty():
             close_engine(self.idle.get(), kill=self.failed is not None)
 

@@ -496,6 +496,26 @@ def test_each_submitted_fen_gets_its_own_chunks_labels():
             ann.close()
 
 
+@needs_stockfish
+def test_close_lets_the_chunk_being_searched_finish_and_cancels_the_rest(monkeypatch):
+    """A Ctrl-C during annotation closes the Annotator: the chunk its thread is searching ends with its labels
+    (and caches them), the chunks not started are cancelled, and none ends in an error."""
+    import time
+    ann = Annotator(depth=1, workers=1, cache_path="")
+    search = ann._search
+    monkeypatch.setattr(ann, "_search", lambda engine, fen: time.sleep(0.05) or search(engine, fen))
+    board, fens = chess.Board(), []
+    for move in ["e2e4", "e7e5", "g1f3", "b8c6", "f1b5", "a7a6", "b5a4", "g8f6", "e1g1", "f8e7", "f1e1", "b7b5"]:
+        board.push_uci(move)
+        fens.append(board.fen())
+    futures = ann.submit(fens)  # chunks of 8 and 4
+    while not futures[0].running():
+        time.sleep(0.01)
+    ann.close()
+    assert set(futures[0].result()) == set(fens[:8]) and set(fens[:8]) <= set(ann.cache)
+    assert futures[-1].cancelled()
+
+
 def test_engine_deadline_by_hand():
     """ENGINE_GRACE_S + 20 x the search's guess (its time; 100k nodes a second; 1 ms x 1.6^depth, depth at most
     40) x MultiPV lines."""

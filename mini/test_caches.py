@@ -209,6 +209,25 @@ def test_an_annotator_runs_one_engine_per_core_and_closes_them(monkeypatch):
 
 
 @needs_stockfish
+@pytest.mark.parametrize("call", ["annotate", "evals_after"])
+def test_an_annotator_used_after_close_says_so_and_does_not_wait(call):
+    """close() takes its engines out of the idle queue: a search after it used to wait there for ever."""
+    import concurrent.futures
+    with Annotator(workers=1, cache_path="", multipv=1, depth=2) as ann:
+        ann.annotate([START])
+    work = {"annotate": lambda: ann.annotate(["8/8/8/4k3/8/8/3PK3/8 w - - 0 1"]),
+            "evals_after": lambda: ann.evals_after([(START, "d2d4")])}[call]
+    waiter = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        with pytest.raises(RuntimeError, match="this Annotator is closed; make a new one"):
+            waiter.submit(work).result(timeout=20)
+    finally:
+        ann.failed = RuntimeError("the test is over")  # a thread left waiting (the bug) then ends without a search
+        ann.idle.put(None)
+        waiter.shutdown(wait=False)
+
+
+@needs_stockfish
 def test_each_engine_searches_with_one_thread(monkeypatch):
     """Threads 1, set once when the engine starts: a search with one thread and a cleared hash repeats exactly."""
     configured, configure = [], stockfish.DeadlineEngine.configure

@@ -236,6 +236,23 @@ def test_a_save_killed_at_any_moment_leaves_one_complete_snapshot(snapshot, tmp_
     assert [f for f in os.listdir(tmp_path) if not f.startswith(".tmp-")] == ["final"]  # .tmp-*: RunDir.claim's
 
 
+def test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after(snapshot, tmp_path, monkeypatch):
+    """The final snapshot is what a run leaves: its files and its folder are synced before the rename makes them
+    the snapshot, and the parent folder (which holds the rename) after it, as a checkpoint's are."""
+    events, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"),
+                                                                     os.fstat(fd).st_size)) or fsync(fd))
+    monkeypatch.setattr(os, "rename", lambda a, b, rename=os.rename: events.append(("rename", a, b)) or rename(a, b))
+    out = str(tmp_path / "final")
+    save_model(snapshot[0], Tokenizer.gpt2(), out)
+    move_in = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2] == out)
+    tmp = events[move_in][1]
+    synced = {os.path.relpath(e[1], tmp): e[2] for e in events[:move_in] if e[0] == "fsync" and e[1].startswith(tmp)}
+    assert set(synced) == {".", *os.listdir(out)}  # every file, and the folder that lists them
+    assert synced["model.safetensors"] == os.path.getsize(os.path.join(out, "model.safetensors"))  # whole
+    assert ("fsync", str(tmp_path)) in [e[:2] for e in events[move_in:]]
+
+
 def test_a_save_onto_a_file_is_refused(snapshot, tmp_path):
     (tmp_path / "final").write_text("notes")
     with pytest.raises(LoadError, match="it is a file"):
