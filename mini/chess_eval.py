@@ -7,11 +7,13 @@ values let --compare pair two reports with bootstrap intervals; the README defin
     python mini/chess_eval.py --compare before.json after.json               # paired 95% intervals
     python mini/chess_eval.py --build_mates --n 1000 --seed 0                # regenerate mini/data/mate_in_one.jsonl
 """
+import contextlib
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 
@@ -35,12 +37,26 @@ from mini.stockfish import (BLUNDER_CP, ENGINE_NAMES, Annotator, EngineFailure, 
 # ----------------------------------------------------------------------------- 1. mate in one
 
 def write_mates(path, records, meta):
+    """The mate file, written to path.tmp, then renamed. A write that fails (a full disk) leaves the file there as
+    it was, and the positions (minutes of play) in a spare file that one sentence names."""
+    def write(target):
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"meta": meta}) + "\n")
+            for r in records:
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"meta": meta}) + "\n")
-        for r in records:
-            f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    try:
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+    except OSError as e:
+        fd, spare = tempfile.mkstemp(prefix="mate_in_one-", suffix=".jsonl")
+        os.close(fd)
+        write(spare)
+        sys.exit(f"chess_eval.py: could not write {path} ({e.strerror or e}); the positions are in {spare}")
 
 
 # ----------------------------------------------------------------------------- 2. move quality

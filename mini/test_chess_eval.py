@@ -3,11 +3,13 @@ mate-in-one file re-checked independently, the CLI end to end on a tiny random G
 
     python -m pytest -q mini/test_chess_eval.py
 """
+import errno
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import chess
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 import mini.chess_eval as ce
 from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH
+from mini.evaluate import paired_bootstrap
 from mini.formats import env_completion, position_key
 from mini.games import (OPENINGS, eval_mates, game_starts, load_mates, mate_values, opening_board, policy_move,
                         quick_metrics, self_play, selfplay_summary, selfplay_values)
@@ -56,6 +59,11 @@ def perfect_arbiter(prompts):
         fen, move, history, _ = p[3:].split("+")
         out.append(env_completion(fen, move, history.split()))
     return out
+
+
+def greedy_first_legal(prompts):
+    """A greedy player of the suite: A: prompts answered perfectly, P: prompts with the first legal move."""
+    return [perfect_arbiter([p])[0] if p.startswith("A: ") else answering(first_legal)([p])[0] for p in prompts]
 
 
 def test_hand_made_mates_are_right():
@@ -450,6 +458,7 @@ def test_eval_arbiter_asks_about_the_first_max_transitions_in_game_order():
     assert transitions == (games[0]["transitions"] + games[1]["transitions"])[:6] and len(transitions) == 6
     assert vals["chess_arbiter_all"] == [1.0] * 6
 
+
 def test_quality_values_by_hand():
     """The blunder line is loss >= BLUNDER_CP (200) exactly; an illegal or missing move costs the cap in
     chess_cpl and is not measured (None) in chess_cpl_legal."""
@@ -511,20 +520,24 @@ def test_run_suite_gives_each_section_its_player_and_settings(monkeypatch, tmp_p
     the last legal move, the greedy player the first) up to --max_plies; the arbiter answers greedily (perfectly
     here); the games against Stockfish are the greedy player's, at --sf_skill, --sf_nodes and --max_plies."""
     annotators, sf_games = [], []
-    monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: ("stockfish", None))
+    paths = []
+    monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: paths.append(path) or ("stockfish", None))
     monkeypatch.setattr(ce, "Annotator", lambda *a, **kw: annotators.append(FakeAnnotator(*a, **kw)) or annotators[-1])
     monkeypatch.setattr(ce, "stockfish_games", lambda *a: sf_games.append(a) or [])
     monkeypatch.setitem(ce.ENGINE_NAMES, "stockfish", "Stockfish 99")
     mates = tmp_path / "mates.jsonl"
     mates.write_text("".join(json.dumps(r) + "\n" for r in MATES))
-    greedy = lambda prompts: [perfect_arbiter([p])[0] if p.startswith("A: ") else answering(first_legal)([p])[0]
-                              for p in prompts]
+    greedy = greedy_first_legal
     a = ce.parse_args(["--mates_path", str(mates), "--n_quality", "2", "--sf_depth", "3", "--games", "2",
                        "--max_plies", "3", "--arbiter_max", "4", "--sf_games", "2", "--sf_skill", "5",
-                       "--sf_nodes", "50"])[1]
+                       "--sf_nodes", "50", "--workers", "3", "--stockfish_path", "/my/stockfish"])[1]
     report = ce.run_suite(greedy, answering(last_legal), a)
     assert report["items"]["mate_in_one"] == [r["fen"] for r in MATES]
-    assert [an.settings[1]["depth"] for an in annotators] == [3]
+    # one search a position, no cache of this suite's own (no file written beside the training runs' caches)
+    assert [an.settings for an in annotators] == [(("stockfish",), {"depth": 3, "workers": 3, "cache_path": "",
+                                                                    "multipv": 1})]
+    fens = report["items"]["move_quality"]
+    assert annotators[0].asked == [(f, first_legal(chess.Board(f))) for f in fens] and paths == ["/my/stockfish"] * 2
     assert [(g["plies"], g["end"]) for g in report["selfplay"]] == [(3, "max_plies")] * 2
     assert report["selfplay"][0]["moves"][0] == last_legal(chess.Board())
     assert report["metrics"]["chess_arbiter_all"] == 1.0 and report["metrics"]["chess_arbiter_n"] == 4
@@ -632,7 +645,9 @@ def test_compare_leaves_games_of_reports_without_a_skill_level_unpaired(tmp_path
     (["--sf_skill", "21"], "--sf_skill 21 must be between 0 and 20"), (["--sf_skill", "-1"], "--sf_skill -1 must be"),
     (["--max_plies", "0"], "--max_plies 0 must be at least 1"), (["--n_mates", "-1"], "--n_mates -1 must be at least 0"),
     (["--sf_nodes", "0"], "--sf_nodes 0 must be at least 1"), (["--workers", "0"], "--workers 0 must be at least 1"),
-    (["--games", "-1"], "--games -1 must be at least 0"), (["--sf_depth", "0"], "--sf_depth 0 must be at least 1")])
+    (["--games", "-1"], "--games -1 must be at least 0"), (["--sf_depth", "0"], "--sf_depth 0 must be at least 1"),
+    (["--n_quality", "-1"], "--n_quality -1 must be at least 0"), (["--sf_games", "-1"], "--sf_games -1 must be"),
+    (["--arbiter_max", "-1"], "--arbiter_max -1 must be at least 0"), (["--n", "0"], "--n 0 must be at least 1")])
 def test_chess_eval_flags_are_checked(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         ce.parse_args(argv)
@@ -651,6 +666,229 @@ def test_the_table_counts_the_values_a_mean_is_over(capsys):
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:-1]}
     assert rows == {"chess_cpl_legal": ["100.0000", "1"], "chess_cpl": ["775.0000", "4"]}
 
+
+def test_the_suites_defaults_are_the_readmes():
+    """The README's suite: 1,000 mates, 200 positions at depth 8, 32 self-play games (sampled at 0.6 and top 5, up to
+    200 half-moves, the arbiter on 512 of their moves), 18 games against Stockfish at Skill Level 20 and 1,000 nodes."""
+    a = ce.parse_args([])[1]
+    assert (a.n_mates, a.n_quality, a.sf_depth, a.games, a.temperature, a.top_k, a.max_plies, a.arbiter_max) == (
+        1000, 200, 8, 32, 0.6, 5, 200, 512)
+    assert (a.sf_games, a.sf_skill, a.sf_nodes, a.mates_path, a.n, a.seed) == (18, 20, 1000, MATE_PATH, 1000, 0)
+
+
+def suite_args(*argv):
+    """The suite's settings with every section off but those argv turns on."""
+    return ce.parse_args(["--n_mates", "0", "--n_quality", "0", "--games", "0", "--sf_games", "0", *argv])[1]
+
+
+def test_run_suite_reports_self_play_and_the_arbiter():
+    """Self-play: per-game values, the median and the ends among the metrics, a histogram of the plies, each game
+    with the number of its transitions; the arbiter: its means and n among the metrics, its per-transition values
+    beside the paired ones (another model's games are other transitions); the seconds of each section."""
+    report = ce.run_suite(greedy_first_legal, answering(last_legal), suite_args("--games", "2", "--max_plies", "3",
+                                                                               "--arbiter_max", "4"))
+    initial, ruy = chess.Board(), opening_board("ruy_lopez")
+    for board in (initial, ruy):
+        for _ in range(3):
+            board.push_uci(last_legal(board))
+    assert report["selfplay"] == [{"start": start, "plies": 3, "end": "max_plies", "transitions": 3,
+                                   "moves": [m.uci() for m in board.move_stack]}
+                                  for start, board in (("initial", initial), ("ruy_lopez", ruy))]
+    assert report["selfplay_plies_histogram"] == {"0-9": 2} and report["items"]["selfplay"] == ["initial", "ruy_lopez"]
+    arbiter = {f"chess_arbiter_{k}": 1.0 for k in ("all", "next_fen", "reward", "terminated", "truncated")}
+    assert report["metrics"] == {"chess_selfplay_plies": 3.0, "chess_selfplay_plies_median": 3.0,
+                                 "chess_selfplay_end_max_plies": 1.0, "chess_selfplay_legal_end": 0.0,
+                                 "chess_arbiter_n": 4, **arbiter}
+    assert report["arbiter_values"] == {k: [1.0] * 4 for k in arbiter}
+    assert set(report["values"]) == {"chess_selfplay_plies", "chess_selfplay_legal_end"}
+    assert set(report["seconds"]) == {"selfplay", "arbiter"} and report["skipped"] == {}
+
+
+def test_run_suite_without_transitions_or_with_the_arbiter_off():
+    """Games that end on their first answer (unparseable) leave the arbiter nothing: n 0 and no mean, rather than a
+    NaN; --arbiter_max 0 skips the arbiter."""
+    unparseable = lambda prompts: [" M: e2e4 E: 0.1"] * len(prompts)
+    report = ce.run_suite(greedy_first_legal, unparseable, suite_args("--games", "2"))
+    assert report["metrics"]["chess_arbiter_n"] == 0 and report["arbiter_values"]["chess_arbiter_all"] == []
+    assert not any(k.startswith("chess_arbiter_") and k != "chess_arbiter_n" for k in report["metrics"])
+    report = ce.run_suite(greedy_first_legal, answering(first_legal), suite_args("--games", "2", "--max_plies", "2",
+                                                                               "--arbiter_max", "0"))
+    assert not any(k.startswith("chess_arbiter_") for k in report["metrics"]) and "arbiter_values" not in report
+    assert set(report["seconds"]) == {"selfplay"} and [g["transitions"] for g in report["selfplay"]] == [2, 2]
+
+
+def test_run_suite_skips_the_engines_sections_without_stockfish(monkeypatch):
+    def missing(path):
+        raise FileNotFoundError("Stockfish not found (no executable at here)")
+    monkeypatch.setattr(ce, "find_stockfish", missing)
+    report = ce.run_suite(greedy_first_legal, greedy_first_legal, suite_args("--n_quality", "2", "--sf_games", "2"))
+    reason = "skipped: Stockfish not found (no executable at here)"
+    assert report["skipped"] == {"move_quality": reason, "stockfish_games": reason} and "engine" not in report
+    assert (report["values"], report["metrics"]) == ({}, {})
+    assert set(report["seconds"]) == {"move_quality", "stockfish_games"}
+
+
+def test_run_suite_reports_the_mates_answers_and_the_games_against_stockfish(monkeypatch, tmp_path):
+    """Each mate-in-one position with the completion it got; the games against Stockfish with their values, their
+    means and the engine that played them."""
+    games = [{"start": "initial", "white": True, "score": 1.0, "end": "checkmate", "plies": 9, "moves": []},
+             {"start": "initial", "white": False, "score": 0.5, "end": "stalemate", "plies": 20, "moves": []}]
+    monkeypatch.setattr(ce, "stockfish_or_reason", lambda path: ("stockfish", None))
+    monkeypatch.setattr(ce, "stockfish_games", lambda *a: games)
+    monkeypatch.setitem(ce.ENGINE_NAMES, "stockfish", "Stockfish 99")
+    mates = tmp_path / "mates.jsonl"
+    mates.write_text("".join(json.dumps(r) + "\n" for r in MATES))
+    report = ce.run_suite(greedy_first_legal, None, suite_args("--mates_path", str(mates), "--n_mates", "2",
+                                                               "--sf_games", "2"))
+    assert report["mate_in_one"] == [dict(r, completion=answering(first_legal)([ce.policy_prompt(r["fen"])])[0])
+                                     for r in MATES]
+    assert report["stockfish_games"] == games and report["engine"] == "Stockfish 99"
+    assert report["values"]["chess_sf_score"] == [1.0, 0.5] and report["values"]["chess_sf_plies"] == [9.0, 20.0]
+    assert (report["metrics"]["chess_sf_score"], report["metrics"]["chess_sf_win"]) == (0.75, 0.5)
+    assert report["items"]["stockfish_games"] == [["initial", True], ["initial", False]]
+    assert set(report["seconds"]) == {"mate_in_one", "stockfish_games"}
+
+
+def write_reports(tmp_path, before, after):
+    paths = [str(tmp_path / "before.json"), str(tmp_path / "after.json")]
+    for path, report in zip(paths, (before, after)):
+        with open(path, "w") as f:
+            json.dump(report, f)
+    return paths
+
+
+def test_compare_intervals_are_the_paired_bootstrap_of_the_values(tmp_path):
+    """A paired row is evaluate.paired_bootstrap of the two reports' values (2,000 draws, seed 0), over the positions
+    measured in both (None: not measured)."""
+    before = [10.0, 250.0, None, 40.0, 1000.0, 75.0, 0.0, 300.0]  # centipawn losses: each seed draws other bounds
+    after = [5.0, 100.0, 60.0, None, 990.0, 80.0, 30.0, 120.0]
+    report = {"suite": "chess", "metrics": {}, "items": {"move_quality": list("abcdefgh")}}
+    paths = write_reports(tmp_path, dict(report, values={"chess_cpl_legal": before}),
+                          dict(report, values={"chess_cpl_legal": after}))
+    row = ce.compare(*paths)[0]["chess_cpl_legal"]
+    assert row == paired_bootstrap({"chess_cpl_legal": before}, {"chess_cpl_legal": after}, 2000, 0)["chess_cpl_legal"]
+    assert row[:3] == pytest.approx((1635 / 6, 1325 / 6, -310 / 6)) and row[5] == 6 and row[3] < row[2] < row[4]
+
+
+def test_compare_pairs_what_both_ran_and_leaves_the_rest_out(tmp_path):
+    """A section one report skipped (its items empty) is neither checked nor compared: no refusal, and no rows of
+    ways self-play ended for a report that played none."""
+    before = {"suite": "chess", "items": {"mate_in_one": ["a", "b"], "selfplay": ["initial"]},
+              "values": {"chess_mate_acc": [0.0, 1.0], "chess_selfplay_plies": [4.0]},
+              "metrics": {"chess_mate_acc": 0.5, "chess_selfplay_plies": 4.0, "chess_selfplay_plies_median": 4.0,
+                          "chess_selfplay_end_illegal": 1.0}, "settings": {"sf_skill": 20, "max_plies": 4}}
+    after = {"suite": "chess", "items": {"mate_in_one": ["a", "b"], "selfplay": []},
+             "values": {"chess_mate_acc": [1.0, 1.0]}, "metrics": {"chess_mate_acc": 1.0},
+             "settings": {"sf_skill": 20, "max_plies": 200}}
+    paired, unpaired = ce.compare(*write_reports(tmp_path, before, after))
+    assert set(paired) == {"chess_mate_acc"} and unpaired == {}
+
+
+def test_compare_refuses_settings_that_are_not_an_object(tmp_path):
+    report = {"suite": "chess", "metrics": {}, "values": {}, "items": {}}
+    paths = write_reports(tmp_path, report, dict(report, settings=["sf_skill", 20]))
+    with pytest.raises(ValueError, match=re.escape(f"{paths[1]}: its 'settings' is not an object")):
+        ce.compare(*paths)
+
+
+def test_compare_prints_a_row_per_paired_metric(tmp_path, capsys):
+    report = {"suite": "chess", "items": {"mate_in_one": ["a", "b"]}, "metrics": {"chess_mate_acc": 0.5},
+              "values": {"chess_mate_acc": [0.0, 1.0]}}
+    paths = write_reports(tmp_path, report, dict(report, values={"chess_mate_acc": [1.0, 1.0]}))
+    ce.main(["--compare", *paths])
+    b0, a0, d, lo, hi, n = ce.compare(*paths)[0]["chess_mate_acc"]
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["metric", "before", "after", "delta"]
+    assert row.split() == ["chess_mate_acc", "0.5000", "1.0000", "+0.5000", f"[{lo:+.4f},", f"{hi:+.4f}]", "2"]
+
+
+def test_the_table_shows_the_histogram_the_skipped_sections_and_the_timings(capsys):
+    """The arbiter's n counts its per-transition values, which are kept apart from the paired ones."""
+    ce.print_table({"metrics": {"chess_arbiter_all": 0.5}, "values": {},
+                    "arbiter_values": {"chess_arbiter_all": [0.0, 1.0, 1.0, 0.0]},
+                    "selfplay_plies_histogram": {"0-9": 2, "20-29": 1},
+                    "skipped": {"move_quality": "skipped: no engine"},
+                    "seconds": {"selfplay": 1.26, "arbiter": 0.04}})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["chess_arbiter_all", "0.5000", "4"]
+    assert lines[2:] == ["self-play legal half-moves: 0-9: 2, 20-29: 1", "move_quality: skipped: no engine",
+                         "seconds: selfplay 1.3, arbiter 0.0"]
+
+
+def test_main_writes_the_engine_into_the_settings_and_takes_every_start_once(monkeypatch, tmp_path):
+    """Games against Stockfish alone are something to evaluate, and at Skill Level 20 all 18 starts and colours may
+    be asked for; the Stockfish that played is a setting (--compare checks it), not a top-level field."""
+    monkeypatch.setattr(ce, "load_model", lambda path, device: ("model", "tok"))
+    monkeypatch.setattr(ce, "model_player", lambda *a: None)
+    monkeypatch.setattr(ce, "run_suite", lambda greedy, sampler, a: {
+        "engine": "Stockfish 99", "skipped": {}, "metrics": {}, "values": {}, "seconds": {}, "items": {}})
+    model, out = os.path.join(ROOT, "mini", "data", "rookworld-8m"), str(tmp_path / "chess.json")
+    ce.main(["--model_path", model, "--out", out, "--n_mates", "0", "--n_quality", "0", "--games", "0",
+             "--sf_games", "18", "--device", "cpu"])
+    report = json.load(open(out))
+    assert (report["suite"], report["model_path"], report["settings"]["sf_games"]) == ("chess", model, 18)
+    assert report["settings"]["engine"] == "Stockfish 99" and "engine" not in report
+
+
+def test_an_engine_failure_in_the_suite_is_one_sentence(monkeypatch, tmp_path):
+    monkeypatch.setattr(ce, "load_model", lambda path, device: ("model", "tok"))
+    monkeypatch.setattr(ce, "model_player", lambda *a: None)
+
+    def fails(greedy, sampler, a):
+        raise ce.EngineFailure("FakeFish 1 (sf) stopped answering in a game against the model, at a position")
+    monkeypatch.setattr(ce, "run_suite", fails)
+    model = os.path.join(ROOT, "mini", "data", "rookworld-8m")
+    with pytest.raises(SystemExit, match=re.escape("chess_eval.py: FakeFish 1 (sf) stopped answering in a game")):
+        ce.main(["--model_path", model, "--out", str(tmp_path / "chess.json"), "--device", "cpu"])
+    assert not os.path.exists(tmp_path / "chess.json")
+
+
+def test_build_mates_writes_its_header_and_the_positions(monkeypatch, tmp_path):
+    """The file's first line describes it (the positions made, which may be fewer than --n, the seed, the phases, how
+    many have White to move, the command); then one position a line, which load_mates reads back."""
+    board = chess.Board()
+    for uci in "f2f3 e7e5 g2g4".split():  # the fool's mate before its mate: Black to move
+        board.push_uci(uci)
+    black_to_move = {"fen": board.fen(), "mates": mating_moves(board), "phase": "opening"}
+    records = [dict(MATES[0], phase="endgame"), black_to_move, dict(MATES[1], phase="endgame")]
+    asked = []
+    monkeypatch.setattr(ce, "build_mates", lambda n, seed, exclude: asked.append((n, seed)) or records)
+    monkeypatch.setattr(ce, "shipped_keys", lambda: set())
+    path = str(tmp_path / "mates.jsonl")
+    argv = ["--build_mates", "--n", "5", "--seed", "4", "--mates_path", path]
+    ce.main(argv)
+    with open(path) as f:
+        meta = json.loads(f.readline())["meta"]
+    assert asked == [(5, 4)] and (meta["n"], meta["seed"], meta["white_to_move"]) == (3, 4, 2)
+    assert meta["phases"] == {"endgame": 2, "opening": 1}
+    assert meta["command"] == "python mini/chess_eval.py " + " ".join(argv)
+    assert load_mates(path) == records and not os.path.exists(path + ".tmp")
+
+
+
+def test_build_mates_that_cannot_write_its_file_keeps_the_old_one_and_the_positions(monkeypatch, tmp_path, capsys):
+    """A full disk after minutes of play: the mate file there stays as it was, no .tmp is left, and the positions
+    are in a spare file that the one sentence names."""
+    records = [dict(r, phase="endgame") for r in MATES]
+    monkeypatch.setattr(ce, "build_mates", lambda n, seed, exclude: records)
+    monkeypatch.setattr(ce, "shipped_keys", lambda: set())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "spare"))
+    os.mkdir(tmp_path / "spare")
+    path = tmp_path / "mates.jsonl"
+    path.write_text("the old file\n")
+
+    def full(src, dst, replace=os.replace):
+        if src.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(SystemExit) as e:
+        ce.main(["--build_mates", "--mates_path", str(path)])
+    [spare] = os.listdir(tmp_path / "spare")
+    spare = str(tmp_path / "spare" / spare)
+    assert str(e.value) == f"chess_eval.py: could not write {path} (No space left on device); the positions are in {spare}"
+    assert path.read_text() == "the old file\n" and not os.path.exists(str(path) + ".tmp")
+    assert load_mates(spare) == records
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -4,8 +4,10 @@ self-play sources that refresh with the weights and a new seed each time.
 
     python mini/test_games.py
 """
+import inspect
 import json
 import random
+import re
 
 import chess
 import chess.engine
@@ -19,7 +21,7 @@ from mini.dataset import ReplayBuffer
 from mini.formats import policy_prompt, policy_sample
 from mini.positions import random_env_sample
 from mini.selfplay import SelfPlaySource
-from mini.test_chess_eval import answering, first_legal
+from mini.test_chess_eval import MATES, answering, first_legal
 from mini.test_selfplay import needs_stockfish
 from mini.test_train import tiny_gpt
 from mini.tokenizer import Tokenizer
@@ -73,6 +75,73 @@ def test_the_half_move_cap_adjudicates_a_draw_for_either_colour():
         assert (game["end"], game["score"]) == (None, None)
         ce.end_if_over(board, game, 3)
         assert (game["end"], game["score"]) == ("max_plies", 0.5)
+
+
+def test_a_mate_on_the_last_half_move_allowed_is_a_mate_not_the_cap():
+    """The half-move cap adjudicates only a game the rules have not ended: the fool's mate on half-move 4 of 4 is a
+    checkmate in self-play and against Stockfish, scored for either colour."""
+    games = gm.self_play(scripted(FOOLS_MATE.split()), ["initial"], max_plies=4)
+    assert (games[0]["end"], games[0]["plies"]) == ("checkmate", 4)
+    for white, score in ((True, 0.0), (False, 1.0)):
+        game = {"white": white, "end": None, "score": None}
+        ce.end_if_over(played(FOOLS_MATE), game, 4)
+        assert (game["end"], game["score"]) == ("checkmate", score)
+
+
+def test_game_starts_go_round_the_openings_again():
+    """Odd-numbered games take the openings in turn and start over after the eighth: game 17 is the Ruy Lopez again."""
+    starts = gm.game_starts(20)
+    assert starts[0::2] == ["initial"] * 10 and starts[1::2] == [*gm.OPENINGS, "ruy_lopez", "sicilian_najdorf"]
+
+
+def test_policy_move_of_a_completion_that_starts_with_its_b():
+    assert gm.policy_move("B: e2e4") == "e2e4" and gm.policy_move("B:g1f3") == "g1f3"
+    assert gm.policy_move("B: e2e4 B: d2d4") == "d2d4"
+
+
+def test_load_mates_reads_every_position_and_skips_blank_lines(tmp_path):
+    """Blank lines (a trailing one, one after the header) are no damage; a position with two mates listed loads (each
+    listed move is tried on the position itself, not after the one before it)."""
+    path = tmp_path / "mates.jsonl"
+    path.write_text('{"meta": {"n": 2}}\n\n' + "".join(json.dumps(r) + "\n" for r in MATES) + "\n")
+    assert gm.load_mates(str(path)) == MATES and gm.load_mates(str(path), 1) == MATES[:1]
+
+
+@pytest.mark.parametrize("content", [None, "folder", b"\xff\xfe not UTF-8\n"], ids=["missing", "folder", "not-utf8"])
+def test_an_unreadable_mate_file_is_one_sentence(tmp_path, content):
+    path = tmp_path / "mates.jsonl"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(f"cannot read mate-in-one positions from {path} (") + ".*; regen"):
+        gm.load_mates(str(path))
+
+
+@pytest.mark.parametrize("line", ['{"phase": "opening"}', '"fen"', "5", "[" * 100_000],
+                         ids=["no-fen", "string", "number", "nested"])
+def test_load_mates_names_a_line_that_holds_no_position(tmp_path, line):
+    """A JSON value that is no record (an object without a FEN, a string, a number, an array nested too deeply): its
+    file and line in one sentence, not a position silently skipped, a TypeError or a RecursionError."""
+    path = tmp_path / "mates.jsonl"
+    path.write_text(json.dumps(MATES[0]) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: ") + ".*regenerate it"):
+        gm.load_mates(str(path))
+
+
+def test_quick_metrics_passes_its_settings_to_both_players(monkeypatch):
+    """The greedy player (temperature 0, no top-k) and the sampler share the seed, the length and autocast; the
+    sampler samples at the temperature and top-k asked for."""
+    real, seen = gm.model_player, []
+
+    def player(*a, **kw):
+        seen.append(dict(inspect.signature(real).bind(*a, **kw).arguments))
+        return answering(first_legal)
+    monkeypatch.setattr(gm, "model_player", player)
+    gm.quick_metrics("model", "tok", n_mates=1, n_games=1, max_plies=1, temperature=0.9, top_k=7, seed=3,
+                     max_new_tokens=40, autocast="ctx")
+    common = {"model": "model", "tok": "tok", "seed": 3, "max_new_tokens": 40, "autocast": "ctx"}
+    assert seen == [dict(common, temperature=0.0, top_k=0), dict(common, temperature=0.9, top_k=7)]
 
 
 def scripted(line):
@@ -136,6 +205,16 @@ def test_selfplay_summary_and_means_by_hand():
     assert gm.selfplay_values(games) == {"chess_selfplay_plies": [1.0, 30.0, 2.0, 40.0],
                                          "chess_selfplay_legal_end": [0.0, 1.0, 0.0, 0.0]}
     assert gm.mean([1.0, None, 4.0]) == 2.5 and gm.mean([0.0, None, 3.0]) == 1.5 and gm.mean([]) != gm.mean([])
+
+
+def test_every_end_by_the_rules_is_a_legal_end():
+    """The rules' ends, draws included, count in chess_selfplay_legal_end; an illegal or unparseable answer and the
+    half-move cap do not."""
+    rules = ["checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
+             "threefold_repetition", "fifty_moves"]
+    games = [{"plies": 1, "end": end} for end in rules + ["illegal", "unparseable", "max_plies"]]
+    assert gm.selfplay_values(games)["chess_selfplay_legal_end"] == [1.0] * 7 + [0.0] * 3
+    assert {t.name.lower() for t in chess.Termination} >= set(rules)  # the names policy_turn gives its ends
 
 
 def test_model_player_is_seeded(tmp_path):
@@ -256,6 +335,62 @@ def test_stockfish_games_by_hand_with_a_scripted_engine(monkeypatch):
     assert games[2]["moves"] == games[3]["moves"] == [ruy.peek().uci(), first_legal(ruy)]
     games = ce.stockfish_games(lambda prompts: [" B: a1a1"] * len(prompts), 2)
     assert [(g["end"], g["score"], g["plies"]) for g in games] == [("illegal", 0.0, 0), ("illegal", 0.0, 1)]
+
+
+def stockfish_stand_in(monkeypatch, engine_class=ScriptedEngine):
+    """stockfish_games' engine replaced: engine_class instances (in the list returned) for every game, and the
+    (engine, kill) of each close_engine call."""
+    engines, closed = [], []
+    monkeypatch.setattr(ce, "find_stockfish", lambda path: "sf")
+    monkeypatch.setattr(ce, "open_engine", lambda path, deadline: engines.append(engine_class([])) or engines[-1])
+    monkeypatch.setattr(ce, "close_engine", lambda engine, kill=False: closed.append((engine, kill)))
+    monkeypatch.setitem(ce.ENGINE_NAMES, "sf", "FakeFish 1")
+    return engines, closed
+
+
+def test_an_unparseable_answer_loses_against_stockfish_and_the_games_keep_no_transitions(monkeypatch):
+    """Also: the engine is the one found at the path given, and may take as long as a search at the nodes asked for."""
+    engines, closed = stockfish_stand_in(monkeypatch)
+    found, deadlines = [], []
+    monkeypatch.setattr(ce, "find_stockfish", lambda path: found.append(path) or "sf")
+    monkeypatch.setattr(ce, "open_engine", lambda path, deadline: deadlines.append((path, deadline))
+                        or engines.append(ScriptedEngine([])) or engines[-1])
+    games = ce.stockfish_games(lambda prompts: [" M: e2e4 E: 0.1"] * len(prompts), 2, "/my/sf", nodes=50_000)
+    assert found == ["/my/sf"] and deadlines == [("sf", ce.engine_deadline(chess.engine.Limit(nodes=50_000)))]
+    assert [(g["end"], g["score"], g["plies"]) for g in games] == [("unparseable", 0.0, 0), ("unparseable", 0.0, 1)]
+    assert [set(g) for g in games] == [{"start", "white", "score", "end", "plies", "moves"}] * 2
+    assert closed == [(engines[0], False)]  # quit when done
+
+
+class FailingEngine(ScriptedEngine):
+    """An engine whose search dies (line empty) or times out (line ["timeout"])."""
+
+    def play(self, board, limit, game=None):
+        if self.line == ["timeout"]:
+            raise TimeoutError()
+        raise chess.engine.EngineTerminatedError("engine process died unexpectedly (exit code: -9)")
+
+
+def test_an_engine_or_a_player_failing_in_a_game_is_named_and_the_engine_killed(monkeypatch):
+    """A search that fails, or times out, is an EngineFailure naming the engine, its path and the position; then as
+    on any error (here the model's) the engine is killed, not asked to quit."""
+    engines, closed = stockfish_stand_in(monkeypatch, FailingEngine)
+    after_a3 = played("a2a3").fen()
+    died = "engine process died unexpectedly (exit code: -9)"
+    message = f"FakeFish 1 (sf) failed ({died}) in a game against the model, at {after_a3}; point --stockfish_path"
+    with pytest.raises(ce.EngineFailure, match=re.escape(message + " at a working Stockfish")):
+        ce.stockfish_games(answering(first_legal), 1)
+    monkeypatch.setattr(ce, "open_engine", lambda path, deadline: engines.append(FailingEngine(["timeout"]))
+                        or engines[-1])
+    with pytest.raises(ce.EngineFailure, match=re.escape(f"FakeFish 1 (sf) stopped answering in a game against the "
+                                                         f"model, at {after_a3};")):
+        ce.stockfish_games(answering(first_legal), 1)
+
+    def crashing(prompts):
+        raise RuntimeError("the model crashed")
+    with pytest.raises(RuntimeError, match="the model crashed"):
+        ce.stockfish_games(crashing, 1)
+    assert closed == [(engine, True) for engine in engines] and len(engines) == 3
 
 
 def recording_player(calls):
