@@ -41,6 +41,8 @@ def write_checksum(path):
     """path.sha256 beside path: its SHA-256, written to .tmp and renamed (check_checksum verifies it)."""
     with open(path + ".sha256.tmp", "w") as f:
         f.write(sha256_of(path) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # else a power loss may leave an empty checksum beside a good file: "damaged"
     os.replace(path + ".sha256.tmp", path + ".sha256")
 
 
@@ -203,9 +205,9 @@ def read_snapshot(name_or_path, device):
                 raise LoadError(f"{path}: the weights hold a layer {layer[1]} (from 0), past config.json's n_layer "
                                 f"{cfg.n_layer}; config.json and the weights do not match")
             raise LoadError(f"{path}: unexpected weight {key!r}; this is not a GPT-2 checkpoint")
-        if key.endswith(CONV1D):
+        if key.endswith(CONV1D) and w.dim() == 2:  # any other is refused by its shape
             w = w.t()
-        if key == "transformer.wte.weight" and w.shape[0] == cfg.vocab_size:
+        if key == "transformer.wte.weight" and w.shape[:1] == (cfg.vocab_size,):
             w = w[:n_tokens]
         if w.shape != own[key].shape:
             raise LoadError(f"{path}: weight {key} has shape {tuple(w.shape)} but config.json implies "
@@ -243,6 +245,13 @@ def fsync_path(path):
         os.close(fd)
 
 
+def is_snapshot_dir(path):
+    """A folder save_model may replace: a snapshot's config.json beside its weights (a run directory has a
+    config.json of its settings, and no weights)."""
+    return os.path.isfile(os.path.join(path, "config.json")) and any(
+        os.path.isfile(os.path.join(path, w)) for w in ("model.safetensors", "pytorch_model.bin"))
+
+
 def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     """Write a Hugging Face GPT-2 snapshot with weights in dtype (bf16 halves the file; load_model reads
     either as fp32); a temporary directory is renamed into place when complete. A snapshot already in
@@ -259,6 +268,9 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise LoadError(f"cannot save a model to {out_dir}: it is a file; pick a directory's path")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not is_snapshot_dir(out_dir):  # the save replaces it whole
+        raise LoadError(f"cannot save a model to {out_dir}: it is a folder that holds no model snapshot, and the save "
+                        "would replace all it holds; pick a new path")
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
     try:

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shlex
 import shutil
 import signal
@@ -166,6 +167,8 @@ def load_checkpoint(path):
     missing = {"model", "optimizer", "step", "config", "run_name", "rng"} - set(state)
     if missing:
         raise ValueError(f"{path} lacks {sorted(missing)}; it is not a checkpoint of mini/train.py")
+    if not (isinstance(state["model"], dict) and all(isinstance(t, torch.Tensor) for t in state["model"].values())):
+        raise ValueError(f"{path} is not a checkpoint of mini/train.py (its model is not weight tensors by name)")
     if not all(torch.isfinite(t).all() for t in state["model"].values()):
         raise ValueError(f"{path} holds non-finite weights")
     return state
@@ -296,6 +299,12 @@ def resume_config(cfg, given, saved, source):
 def checkpoint_step(path):
     """The step in the name of a regular checkpoint, step_<step>.pt (past 999999 it has more digits)."""
     return int(os.path.basename(path)[len("step_"):-len(".pt")])
+
+
+def regular_checkpoints(paths):
+    """The regular checkpoints among paths: step_<digits>.pt, not a copy a user made beside them
+    (step_000100 copy.pt), whose name holds no step."""
+    return [p for p in paths if re.fullmatch(r"step_\d+\.pt", os.path.basename(p))]
 
 
 def aside_name(path, stamp):
@@ -506,7 +515,7 @@ class RunDir:
                 except ValueError as e:
                     raise RunError(f"{e}: restore it, or move the run aside with --overwrite") from None
                 logs[path] = rows
-        for path in glob.glob(self.checkpoint("step_*.pt")):
+        for path in regular_checkpoints(glob.glob(self.checkpoint("step_*.pt"))):
             if checkpoint_step(path) > step:
                 remove_checkpoint(path)
         recovery, stable = self.checkpoint("recovery.pt"), self.checkpoint("stable.pt")
@@ -541,7 +550,7 @@ class RunDir:
         """step_<step>.pt, keeping the last keep_last of them by step (0: all), and always the one just written."""
         name = f"step_{state['step']:06d}.pt"
         self.save(name, state)
-        regular = sorted(glob.glob(self.checkpoint("step_*.pt")), key=checkpoint_step)
+        regular = sorted(regular_checkpoints(glob.glob(self.checkpoint("step_*.pt"))), key=checkpoint_step)
         regular.remove(self.checkpoint(name))
         for old in (regular + [self.checkpoint(name)])[:-keep_last] if keep_last > 0 else []:
             remove_checkpoint(old)

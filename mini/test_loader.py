@@ -4,6 +4,7 @@
 """
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -247,10 +248,27 @@ def test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after(snap
     save_model(snapshot[0], Tokenizer.gpt2(), out)
     move_in = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2] == out)
     tmp = events[move_in][1]
-    synced = {os.path.relpath(e[1], tmp): e[2] for e in events[:move_in] if e[0] == "fsync" and e[1].startswith(tmp)}
+    synced = {os.path.relpath(e[1], tmp): e[2] for e in events[:move_in] if e[0] == "fsync" and e[1].startswith(tmp)
+              and not e[1].endswith(".sha256.tmp")}  # write_checksum syncs its .tmp before its own rename
     assert set(synced) == {".", *os.listdir(out)}  # every file, and the folder that lists them
     assert synced["model.safetensors"] == os.path.getsize(os.path.join(out, "model.safetensors"))  # whole
     assert ("fsync", str(tmp_path)) in [e[:2] for e in events[move_in:]]
+
+
+@pytest.mark.parametrize("holds", ["notes", "a run"])
+def test_a_save_onto_a_folder_that_holds_no_snapshot_is_refused(snapshot, tmp_path, holds):
+    """save_model replaces the folder at out_dir whole: a folder of other files, or a run directory (a config.json of
+    settings, no weights), is refused untouched; an empty folder or a snapshot is replaced."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / ("notes.txt" if holds == "notes" else "config.json")).write_text("mine")
+    with pytest.raises(LoadError, match=rf"^cannot save a model to {folder}: it is a folder that holds no model "
+                                        "snapshot, and the save would replace all it holds; pick a new path$"):
+        save_model(snapshot[0], Tokenizer.gpt2(), str(folder))
+    assert os.listdir(folder) == ["notes.txt" if holds == "notes" else "config.json"]
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "empty", tmp_path / "empty"):  # empty, then a snapshot
+        assert load_model(save_model(snapshot[0], Tokenizer.gpt2(), str(out)))[0].config == snapshot[0].config
 
 
 def test_a_save_onto_a_file_is_refused(snapshot, tmp_path):
@@ -405,6 +423,95 @@ def test_shipped_model_loads_here_and_in_transformers(shipped):
     # 16 fp32 layers with logits up to ~20: each implementation lies ~1e-4 from the float64 result (transformers
     # 5.24's SDPA 5e-5, ours 1.2e-4), so they may differ by that much; a fault in loading moves logits by O(1)
     assert (hf(ids).logits - ours(ids)).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("key,weight", [("transformer.h.0.attn.c_attn.weight", torch.zeros(1, 32, 96)),
+                                        ("transformer.h.0.mlp.c_proj.weight", torch.zeros(128)),
+                                        ("transformer.wte.weight", torch.tensor(1.0))], ids=["3-D", "1-D", "0-D"])
+def test_a_weight_of_the_wrong_rank_is_a_shape_error(snapshot, tmp_path, key, weight):
+    """A Conv1D weight of three dimensions failed transposing (a RuntimeError), an embedding of none taking its
+    row count (an IndexError): each is the shape mismatch it is."""
+    _, path = snapshot
+    state = {**load_file(os.path.join(path, "model.safetensors")), key: weight}
+    with pytest.raises(LoadError, match=rf"weight {key} has shape {re.escape(str(tuple(weight.shape)))} but "
+                                        "config.json implies"):
+        load_model(copy_snapshot(path, tmp_path, state))
+
+
+def test_a_snapshot_file_whose_bytes_changed_is_a_load_error(snapshot, tmp_path):
+    """A flipped bit in the weights still loads as numbers: the checksum save_model wrote beside each file tells."""
+    _, path = snapshot
+    copy = shutil.copytree(path, tmp_path / "copy")
+    assert sorted(f for f in os.listdir(copy) if f.endswith(".sha256")) == [
+        "config.json.sha256", "merges.txt.sha256", "model.safetensors.sha256", "vocab.json.sha256"]
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(LoadError, match=rf"^{copy / 'model.safetensors'} does not match its checksum "
+                                        r"\(model.safetensors.sha256\): it is damaged; download or save the snapshot"):
+        load_model(str(copy))
+
+
+@pytest.mark.parametrize("config_json", [None, '{"steps": 3}'], ids=["without", "with-its-settings"])
+def test_a_run_directory_given_as_a_model_says_whether_it_has_one_yet(tmp_path, config_json):
+    """With or without its config.json (train.py's settings, no model's sizes), a run directory is named as one."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    if config_json:
+        (tmp_path / "run" / "config.json").write_text(config_json)
+    with pytest.raises(LoadError, match=rf"^{tmp_path / 'run'} is a training run's directory, not a model; it has no "
+                                        "final/ model yet$"):
+        load_model(str(tmp_path / "run"))
+    (tmp_path / "run" / "final").mkdir()
+    with pytest.raises(LoadError, match=rf"not a model; its model is {tmp_path / 'run' / 'final'}$"):
+        load_model(str(tmp_path / "run"))
+
+
+@torch.no_grad()
+def test_model_safetensors_is_read_before_pytorch_model_bin(snapshot, tmp_path):
+    """A hub snapshot may hold both: the safetensors file, which cannot run code, is the one read."""
+    model, path = snapshot
+    state = load_file(os.path.join(path, "model.safetensors"))
+    copy_snapshot(path, tmp_path, state)
+    torch.save({k: w + 1 for k, w in state.items()}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(load_model(str(tmp_path))[0](IDS), model(IDS))
+
+
+def test_a_snapshots_own_tokenizer_json_is_read_not_gpt2s(snapshot, tmp_path):
+    """A snapshot with tokenizer.json and no vocab.json has its own tokenizer: a damaged one is a LoadError naming
+    it, never GPT-2's tokenizer silently in its place."""
+    _, path = snapshot
+    save_file(load_file(os.path.join(path, "model.safetensors")), str(tmp_path / "model.safetensors"))
+    shutil.copy(os.path.join(path, "config.json"), tmp_path / "config.json")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(LoadError, match="tokenizer.json"):
+        load_model(str(tmp_path))
+
+
+def test_a_saved_snapshot_says_its_sizes_and_dtype_as_transformers_reads_them(snapshot, tmp_path):
+    """n_ctx (older readers' context length) is n_positions; torch_dtype is the name without "torch."; the tied
+    output layer is stored once, as the embedding; a parent folder not there yet is made."""
+    model, _ = snapshot
+    path = save_model(model, Tokenizer.gpt2(), str(tmp_path / "a" / "b" / "final"), dtype=torch.bfloat16)
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    assert (cfg["n_ctx"], cfg["n_positions"], cfg["torch_dtype"]) == (48, 48, "bfloat16")
+    assert "lm_head.weight" not in load_file(os.path.join(path, "model.safetensors"))
+    assert load_file(os.path.join(path, "model.safetensors"))["transformer.h.0.mlp.c_fc.weight"].shape == (32, 128)
+
+
+def test_a_failed_save_leaves_nothing_half_written(snapshot, tmp_path, monkeypatch):
+    def full(self, path):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Tokenizer, "save", full)
+    with pytest.raises(OSError):
+        save_model(snapshot[0], Tokenizer.gpt2(), str(tmp_path / "final"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_model_puts_the_model_on_the_device_asked(snapshot):
+    model, _ = load_model(snapshot[1], device="meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
 if __name__ == "__main__":

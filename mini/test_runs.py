@@ -665,6 +665,22 @@ def test_a_checkpoint_whose_step_cannot_be_peeked_competes_by_its_loaded_step(tm
     assert (path, state["step"]) == (run.checkpoint("step_000003.pt"), 3)
 
 
+def test_checkpoints_whose_steps_cannot_be_peeked_are_all_loaded(tmp_path, monkeypatch):
+    """Each unpeekable checkpoint may hold the highest step: all of them are loaded, not only the first listed."""
+    run = RunDir(str(tmp_path), "r")
+    for step in (1, 2, 3):
+        run.save_regular(ckpt_state(step), keep_last=0)
+    monkeypatch.setattr(runs, "saved_step", lambda path: None)
+    monkeypatch.setattr(runs.glob, "glob", lambda pattern, glob=glob.glob: sorted(glob(pattern)))  # step 1 first
+    path, state = run.latest_valid_checkpoint()
+    assert (path, state["step"]) == (run.checkpoint("step_000003.pt"), 3)
+
+def test_resume_from_a_checkpoint_that_cannot_be_read_is_one_sentence(tmp_path):
+    missing = str(tmp_path / "nowhere.pt")
+    with pytest.raises(RunError, match=f"^--resume_from_checkpoint: {re.escape(missing)} does not exist; check the"):
+        runs.saved_settings(Config(resume_from_checkpoint=missing))
+    assert runs.saved_settings(Config()) == (None, None)  # a new run
+
 def test_a_log_skips_a_bom_and_a_cut_off_last_line_only(tmp_path, capsys):
     """A BOM an editor put first is no damage, and a last line a kill cut off is skipped with a message."""
     log = tmp_path / "metrics.jsonl"
@@ -749,6 +765,214 @@ def test_a_folder_where_the_run_keeps_a_file_stops_train_py_in_one_sentence(tmp_
     (tmp_path / "r" / "config.json").mkdir(parents=True)
     assert train.main(["--log_dir", str(tmp_path), "--run_name", "r", "--auto_resume", "--device", "cpu"]) == 1
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'r' / 'config.json'}: is a directory; check the path"
+
+
+def test_nbytes_counts_the_tensors_of_nested_dicts_lists_and_tuples():
+    """The disk-full message's size of a checkpoint: every tensor's bytes, however deep (an optimizer's state is
+    dicts of lists), nothing for numbers and text."""
+    state = {"w": torch.zeros(3), "step": 5, "name": "r", "inner": {"b": torch.zeros(4, dtype=torch.uint8)},
+             "groups": [torch.zeros(2, dtype=torch.int64), (torch.zeros(1, dtype=torch.float16),)]}
+    assert runs.nbytes(state) == 3 * 4 + 2 * 8 + 2 + 4
+
+
+def test_a_checkpoint_killed_while_written_over_keeps_the_old_one(tmp_path, monkeypatch):
+    """recovery.pt is written over at every step: a kill while the new one is written leaves the old one in place
+    (unverified: its checksum went first), and no .tmp."""
+    path = str(tmp_path / "recovery.pt")
+    save_checkpoint(path, ckpt_state(1))
+
+    def killed(state, f):
+        open(f, "wb").write(b"partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, ckpt_state(2))
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["recovery.pt"]
+
+
+def test_a_checkpoints_checksum_reaches_the_disk_before_its_rename(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave an empty checksum beside a good checkpoint (which would then
+    read as damaged): the checksum's .tmp is synced, whole, before it is renamed."""
+    events, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"),
+                                                                     os.fstat(fd).st_size)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b, replace=os.replace: events.append(("replace", a, 0))
+                        or replace(a, b))
+    path = str(tmp_path / "step_000001.pt")
+    save_checkpoint(path, ckpt_state(1))
+    tmp = path + ".sha256.tmp"
+    synced = [i for i, e in enumerate(events) if e == ("fsync", tmp, 65)]  # 64 hex digits and a newline
+    assert synced and synced[0] < events.index(("replace", tmp, 0))
+    assert load_checkpoint(path)["step"] == 1
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: os.mkdir(p), "is a folder; give a checkpoint file"),
+    (lambda p: None, r"does not exist; check the path \(a run's checkpoints are in <log_dir>/<run_name>/checkpoints\)"),
+    (lambda p: torch.save({**ckpt_state(1), "model": types.SimpleNamespace()}, p),
+     "was written by an older mini/train.py in a format that may run code when loaded, so it is refused"),
+    (lambda p: save_checkpoint(p, {**ckpt_state(1), "model": [torch.zeros(2)]}),
+     r"is not a checkpoint of mini/train.py \(its model is not weight tensors by name\)"),
+    (lambda p: save_checkpoint(p, {**ckpt_state(1), "model": {"w": 3}}),
+     r"is not a checkpoint of mini/train.py \(its model is not weight tensors by name\)"),
+], ids=["folder", "missing", "pickled-object", "model-a-list", "model-of-numbers"])
+def test_a_checkpoint_that_cannot_be_one_is_a_value_error_in_one_sentence(tmp_path, make, message):
+    """Each is one sentence naming the path (a model that is no dict of tensors was an AttributeError or a TypeError,
+    past latest_valid_checkpoint's skip of damaged files), never a traceback."""
+    path = str(tmp_path / "c.pt")
+    make(path)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)} {message}"):
+        load_checkpoint(path)
+
+
+ran_code = []  # RunsCode's calls
+
+
+class RunsCode:
+    """Unpickled without weights_only, it calls record_call: code a file from elsewhere ran."""
+
+    def __reduce__(self):
+        return record_call, ()
+
+
+def record_call():
+    ran_code.append("ran")
+    return {}
+
+
+def test_reading_a_checkpoints_settings_or_step_runs_no_code(tmp_path):
+    """Its settings (a resume reads them first) and its step (checkpoints compete by it) are read as cheaply as
+    safely: the pickled object is refused, not called."""
+    path = str(tmp_path / "c.pt")
+    torch.save({**ckpt_state(4), "config": RunsCode()}, path)
+    assert runs.saved_step(path) is None
+    with pytest.raises(ValueError, match="written by an older mini/train.py"):
+        runs.checkpoint_settings(path)
+    assert ran_code == []
+
+
+def test_a_checkpoints_settings_are_read_from_the_file_or_say_why_not(tmp_path):
+    path = str(tmp_path / "c.pt")
+    save_checkpoint(path, {**ckpt_state(4), "config": {"steps": 9}})
+    assert runs.checkpoint_settings(path) == {"steps": 9}
+    open(path, "r+b").truncate(50)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)} does not match its checksum"):
+        runs.checkpoint_settings(path)
+
+
+def test_blank_lines_in_a_log_are_no_rows_and_a_bad_line_is_named_by_its_number(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1}\n\n   \n{"step": 2}\n')
+    assert runs.read_rows(str(log)) == [{"step": 1}, {"step": 2}]
+    log.write_text('{"step": 1}\n\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(log))}:3: not a JSON row"):
+        runs.read_rows(str(log))
+
+
+def test_train_log_and_the_jsonl_logs_grow_a_line_per_entry(tmp_path):
+    run = RunDir(str(tmp_path), "r")
+    os.makedirs(run.path)
+    run.log("Step 1")
+    run.log("Step 2")
+    assert (tmp_path / "r" / "train.log").read_text() == "Step 1\nStep 2\n"
+    run.append_jsonl("metrics.jsonl", [{"step": 1}, {"step": 1, "x": 2}])
+    run.append_jsonl("metrics.jsonl", [{"step": 2}])
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 1, "x": 2}\n{"step": 2}\n'
+
+
+def test_recovery_mode_without_config_json_takes_recovery_pts_settings(tmp_path, capsys):
+    """--recovery_mode continues from recovery.pt, so with config.json gone its settings are recovery.pt's (a
+    damaged one: none, and Resumable.resume says why)."""
+    run = RunDir(str(tmp_path), "r")
+    run.save_regular({**ckpt_state(5), "config": {"steps": 8}}, keep_last=0)
+    run.save("recovery.pt", {**ckpt_state(4), "config": {"steps": 6}})
+    cfg = Config(recovery_mode=True, log_dir=str(tmp_path), run_name="r")
+    assert runs.saved_settings(cfg) == ({"steps": 6}, f"--recovery_mode continues the run with the settings of "
+                                                      f"{run.checkpoint('recovery.pt')} (its config.json is missing)")
+    open(run.checkpoint("recovery.pt"), "r+b").truncate(50)
+    assert runs.saved_settings(cfg) == (None, "--recovery_mode continues the run with its own config.json")
+    remove_checkpoint(run.checkpoint("recovery.pt"))
+    trainer = types.SimpleNamespace(cfg=cfg, run_dir=run)
+    with pytest.raises(runs.StopRun, match=f"^--recovery_mode: {re.escape(run.checkpoint('recovery.pt'))} does not "
+                                           "exist; run without it or with --auto_resume$"):
+        runs.Resumable.resume(trainer)
+
+
+def test_resume_config_of_odd_saved_settings(tmp_path):
+    """Settings that are no dict are refused in one sentence; one a later version dropped is left out; every flag
+    that would change the run is named, not only the first; the start flags are this start's."""
+    with pytest.raises(RunError, match=r"^the run, but it holds a list, not the run's settings; restore it"):
+        resume_config(Config(auto_resume=True), set(), [1, 2], "the run")
+    saved = {**dataclasses.asdict(Config(steps=7)), "a_flag_dropped_since": 3}
+    cfg, changed = resume_config(Config(auto_resume=True), set(), saved, "the run")
+    assert (cfg.steps, cfg.auto_resume, changed) == (7, True, {})
+    with pytest.raises(RunError, match=r"would change it: --lr 0.5 \(the run has 1e-05\), "
+                                       r"--seed 7 \(the run has 42\);"):
+        resume_config(Config(auto_resume=True, seed=7, lr=0.5), {"seed", "lr"}, dataclasses.asdict(Config()), "the run")
+
+
+def test_the_step_of_a_regular_checkpoint_is_in_its_name():
+    assert runs.checkpoint_step("logs/r/checkpoints/step_000042.pt") == 42
+    assert runs.checkpoint_step("step_1234567.pt") == 1234567
+
+
+def test_a_users_copy_beside_the_regular_checkpoints_is_no_regular_one(tmp_path):
+    """step_000002 copy.pt (a file manager's copy) matches step_*.pt but holds no step in its name: pruning and
+    going back pass it by, where int() of its name was a ValueError at every save."""
+    run = RunDir(str(tmp_path), "r")
+    for step in (1, 2):
+        run.save_regular(ckpt_state(step), keep_last=2)
+    copy = run.checkpoint("step_000002 copy.pt")
+    save_checkpoint(copy, ckpt_state(2))
+    run.save_regular(ckpt_state(3), keep_last=2)
+    run.cut_back(2)
+    assert sorted(f for f in os.listdir(run.ckpt_dir) if f.endswith(".pt")) == [
+        "step_000002 copy.pt", "step_000002.pt"]
+
+
+def test_a_run_link_and_its_real_path_are_the_same_run(tmp_path):
+    """contains() decides whether --resume_from_checkpoint names the run's own checkpoint: a link to the run
+    directory is the run, a sibling whose name starts the same is not."""
+    run = RunDir(str(tmp_path), "r")
+    os.makedirs(run.ckpt_dir)
+    os.symlink(run.path, tmp_path / "link")
+    assert run.contains(str(tmp_path / "link" / "checkpoints" / "step_000001.pt"))
+    assert not run.contains(str(tmp_path / "r2" / "checkpoints" / "step_000001.pt"))
+    assert RunDir(str(tmp_path), "link").contains(run.checkpoint("step_000001.pt"))
+
+
+def test_why_a_run_directory_cannot_be_written_is_said_in_one_sentence(tmp_path):
+    run = RunDir(str(tmp_path), "x" * 300)
+    assert run.cannot_write(OSError(errno.ENAMETOOLONG, "File name too long")) == (
+        "--run_name xxxxxxxxxxxxxxxxxxxx... (300 characters) makes a path longer than the file system allows; pick "
+        "a shorter --run_name")
+    assert run.cannot_write(OSError(errno.EACCES, "Permission denied")) == (
+        f"cannot write the run directory {run.path} (Permission denied); point --log_dir at a directory you can "
+        "write to")
+
+
+def test_a_run_without_checkpoints_has_none_to_resume_and_keeps_its_stable_pt(tmp_path, capsys):
+    """No checkpoint at all is no damage; going back with no stable.pt, or one of step 0, moves nothing aside."""
+    run = RunDir(str(tmp_path), "r")
+    assert run.latest_valid_checkpoint() is None
+    os.makedirs(run.ckpt_dir)
+    run.cut_back(0)
+    run.save("stable.pt", ckpt_state(0))
+    run.cut_back(0)
+    assert sorted(os.listdir(run.ckpt_dir)) == ["stable.pt", "stable.pt.sha256"]
+    assert capsys.readouterr().err == ""
+
+
+def test_a_full_disk_writing_a_text_file_names_its_size(tmp_path, monkeypatch):
+    class Full:
+        def __init__(self, *a, **kw):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(runs, "open", Full, raising=False)
+    with pytest.raises(RunError, match=r"it needs about 3\.0 MiB and"):
+        runs.write_text(str(tmp_path / "config.json"), "x" * 3 * 2**20)
+    assert os.listdir(tmp_path) == []
 
 
 if __name__ == "__main__":
