@@ -23,7 +23,7 @@ def device_problem(name):
     """Why --device `name` cannot be used here, or None."""
     if name in ("auto", "cpu"):
         return None
-    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    m = re.fullmatch(r"cuda(?::(0|[1-9][0-9]*))?", name)  # as torch.device reads it: no "01", no other digits
     if not m:
         return f"--device {name!r} must be auto, cpu, cuda or cuda:N"
     import torch  # only here: the flags themselves need no torch
@@ -127,7 +127,8 @@ def problems(values, checks=None):
                 if path and inside(path):
                     out.append(f"--overwrite would move the run {run} aside, and with it --{flag} {path}: copy the "
                                "file out first, or pick another --run_name")
-    if v("run_name") and len(v("run_name").encode()) > 255:  # NAME_MAX of Linux file systems
+    # NAME_MAX of Linux file systems; an unprintable name (undecodable bytes: surrogates, no UTF-8) is refused above
+    if v("run_name") and v("run_name").isprintable() and len(v("run_name").encode()) > 255:
         out.append(f"--run_name {v('run_name')[:20]!r}... is {len(v('run_name').encode())} bytes long, more than the 255 "
                    "a file name may have; pick a shorter one")
     shaped = [f"--{k} {v(k)}" for k in ("n_layer", "n_head", "n_embd", "n_positions")
@@ -202,6 +203,9 @@ def unwritable_outputs(values, names=OUTPUT_FLAGS):
         if os.path.isdir(path) or path.endswith(os.sep):  # a folder, or one to be made
             out.append(f"--{name} {path} is a folder; name a file, such as {os.path.join(path, 'report.json')}")
             continue
+        if os.path.exists(path) and not os.path.isfile(path):  # written beside and renamed over: /dev/null replaced
+            out.append(f"--{name} {path} is not a regular file (a device or a pipe); name a file")
+            continue
         folder = nearest_folder(path)
         if not os.path.isdir(folder):
             out.append(f"--{name} {path}: {folder} is a file, not a folder; pick another path")
@@ -253,8 +257,9 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("usage", "%(prog)s [options]")  # the options are listed below, with their defaults
         super().__init__(description=description, allow_abbrev=False, formatter_class=HelpFormatter, **kw)
         self.checks = checks  # {flag: (predicate, what it must be)} beyond the Config fields
-        # "-1e-5" and "-inf" are values, where argparse would take them for flags ("expected one argument")
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf$", re.IGNORECASE)
+        # "-1e-5", "-inf" and "-nan" are values, where argparse would take them for flags ("expected one argument")
+        self._negative_number_matcher = re.compile(r"^-(infinity|nan)$|^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf$",
+                                                   re.IGNORECASE)
 
     def add_argument(self, *args, **kw):
         """A flag named like a Config field gets that field's help unless it brings its own."""

@@ -59,12 +59,17 @@ BAD = [
     (["--k_sample", "4"], "unrecognized arguments: --k_sample 4"),  # no abbreviations
     (["--lr", "inf"], "--lr inf is not a finite number"),
     (["--temperature", "-inf"], "--temperature -inf is not a finite number"),
+    (["--seed", str(2**32)], "--seed 4294967296 must be between 0 and 2**32 - 1"),
+    (["--memory_fraction", "0"], "--memory_fraction 0.0 must be in (0, 1]"),
+    (["--lr", "-nan"], "--lr nan is not a finite number"),  # a value too, not "expected one argument"
+    (["--temperature", "-Infinity"], "--temperature -inf is not a finite number"),
     (["--batch_size", "2", "--k_samples", "2", "--micro_batch_size", "5"], "--micro_batch_size 5 is larger than"),
     (["--recovery_mode"], "--recovery_mode needs --run_name"),
     (["--recovery_mode", "--resume_from_checkpoint", "x.pt", "--run_name", "r"],
      "--recovery_mode and --resume_from_checkpoint say different things"),
     (["--run_name", " "], "--run_name ' ' must be a name one can type: printable, not blank"),
     (["--run_name", "a\nb"], "--run_name 'a\\nb' must be a name one can type"),
+    (["--run_name", "\udcff"], "--run_name '\\udcff' must be a name one can type"),  # argv's byte 0xff: no UTF-8
     (["--run_name", ".."], "must be a plain name"),
     (["--run_name", "."], "must be a plain name"),
     (["--run_name", "x" * 256], "is 256 bytes long, more than the 255"),
@@ -167,6 +172,15 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
     assert f"--out {model / 'eval.json'} is a folder" in err, err
 
 
+def test_an_output_path_that_is_a_device_is_refused(capsys):
+    """--out /dev/null: the report is written to /dev/null.tmp and renamed over it, which (as root) replaced the
+    device with a regular file; refused at parse time. A cache, appended to, may be one."""
+    assert flags.unwritable_outputs({"out": "/dev/null", "engine_cache": "/dev/null"}) == [
+        "--out /dev/null is not a regular file (a device or a pipe); name a file"]
+    err = one_line_exit(capsys, evaluate.main, ["--out", "/dev/null", "--model_path", "/nonexistent/model"])
+    assert "--out /dev/null is not a regular file" in err, err
+
+
 def test_a_report_that_cannot_be_written_at_the_end_is_kept(capsys, tmp_path):
     """The write fails after the work (a full disk here): the report goes to a temporary file that the one
     sentence names."""
@@ -214,6 +228,92 @@ def test_help_shows_every_default_and_only_the_script_flags(capsys):
     assert "--bf16, --no_bf16" in text
     text = " ".join(help_text(capsys, evaluate.main).split())  # a Config flag without its own help borrows the field's
     assert "--max_new_tokens MAX_NEW_TOKENS longest completion; P: needs ~66 tokens, A: ~58 (default: 96)" in text
+
+
+def help_sections(text):
+    """--help's groups: {title: [its flags, in order]}."""
+    return {block.split("\n")[0][:-1]: re.findall(r"^  (--\w+)", block, re.M) for block in text.split("\n\n")[2:]}
+
+
+SFT_HELP = {  # read off mini/config.py: the fields whose scripts hold "sft", under their topics
+    "options": [],
+    "model and run": ["--model_path", "--device", "--run_name", "--log_dir", "--overwrite", "--seed", "--report_to"],
+    "tasks and data": ["--mix_env_ratio", "--data_source", "--data_file", "--policy_pad", "--skip_bad_lines",
+                       "--stockfish_path", "--stockfish_depth", "--annotate_workers"],
+    "the GRPO objective": ["--steps", "--batch_size"],
+    "optimisation": ["--lr", "--weight_decay", "--adam_beta1", "--adam_beta2", "--grad_clip", "--warmup_steps",
+                     "--decay_steps", "--min_lr_ratio", "--bf16", "--bf16_cpu"],
+    "evaluation, logs and checkpoints": ["--time_limit_min"],
+    "a model made from scratch": ["--n_layer", "--n_head", "--n_embd", "--n_positions", "--grow_layers",
+                                  "--data_workers", "--snapshot_every_min"],
+}
+
+
+def test_help_lists_every_field_of_the_script_once_under_its_topic(capsys):
+    """train.py: every field but sft.py's own, once each, in Config's order, each topic opening at its first field;
+    sft.py: exactly the fields it uses (a field's `scripts` gone wrong drops or adds a flag)."""
+    assert help_sections(help_text(capsys, sft.main)) == SFT_HELP
+    sections = help_sections(help_text(capsys, train.main))
+    listed = [flag for group in sections.values() for flag in group]
+    assert listed == [f"--{f.name}" for f in dataclasses.fields(Config) if "train" in f.metadata["scripts"]]
+    assert len(listed) == len(set(listed)) == len(dataclasses.fields(Config)) - 7  # sft.py's seven its own
+    assert {title: group[0] for title, group in sections.items() if group} == {
+        "model and run": "--model_path", "sampling": "--temperature", "tasks and data": "--mix_env_ratio",
+        "the GRPO objective": "--steps", "optimisation": "--lr", "evaluation, logs and checkpoints": "--eval_every"}
+    text = " ".join(help_text(capsys, train.main).split())
+    assert "(default: None)" not in text and "--shared_prefix_decode, --no_shared_prefix_decode decode" in text
+
+
+def test_defaults_are_the_documented_ones():
+    """The defaults that README.md and the fields' help texts state (a default is set in one place, Config: a
+    slip there changes every run)."""
+    want = dict(model_path="jrahn/RookWorld-LM-124M", device="auto", run_name="", log_dir="logs", seed=42,
+                report_to="none", temperature=1.0, top_k=0, data_source="pool", policy_pad="90", skip_bad_lines=True,
+                reward_shaping="continuous", score_workers=-1, p_reward="labels", engine_nodes=0, steps=100,
+                batch_size=8, k_samples=8, num_iterations=1, micro_batch_size=0, clip_eps_low=0.2, clip_eps_high=0.2,
+                loss_type="grpo", scale_rewards="group", baseline_type="group_mean", kl_type="k3", kl_coef=0.02,
+                adaptive_kl=False, env_sft_coef=0.0, policy_sft_coef=0.0, entropy_coef=0.0, use_gae=False, lr=1e-5,
+                grad_clip=1.0, decay_steps=0, bf16=True, bf16_cpu=False, compile=False, shared_prefix_decode=None,
+                eval_chess=False, kl_threshold=0.0, time_limit_min=0.0, grow_layers=0, data_workers=0,
+                overwrite=False, auto_resume=False, recovery_mode=False, resume_from_checkpoint="")
+    assert {name: getattr(Config(), name) for name in want} == want
+    assert Config().engine_cache == os.path.join(os.path.expanduser("~"), ".cache", "rookworld-mini",
+                                                 "stockfish-moves.jsonl")
+
+
+def test_choices_are_the_documented_ones():
+    """Each choice field's values, as its help text and README.md list them (sft.py: no selfplay)."""
+    got = {f.name: flags.choices_of(f, script) for f in dataclasses.fields(Config) for script in ("train", "sft")
+           if f.metadata["choices"] and script in f.metadata["scripts"]}
+    assert {name: list(values) for name, values in got.items()} == {
+        "report_to": ["none", "tensorboard", "wandb"], "data_source": ["pool", "file", "generate"],
+        "policy_pad": ["90", "89", "both"], "reward_shaping": ["continuous", "graduated", "strict"],
+        "p_reward": ["labels", "engine"], "loss_type": ["grpo", "dr_grpo", "dapo"],
+        "scale_rewards": ["group", "batch", "none"], "baseline_type": ["group_mean", "ema", "adaptive"],
+        "kl_type": ["forward", "reverse", "symmetric", "k3"]}  # data_source: sft.py's, the later one
+    assert list(flags.choices_of(flags.FIELDS["data_source"])) == ["pool", "file", "generate", "selfplay"]
+
+
+def test_a_switch_takes_no_value(capsys):
+    """--bf16 false would be read as --bf16 if a switch took an optional value: a silent opposite."""
+    assert "unrecognized arguments: false" in one_line_exit(capsys, parse_args, ["--bf16", "false"])
+    assert "ignored explicit argument 'true'" in one_line_exit(capsys, parse_args, ["--no_bf16=true"])
+    assert parse_args(["--steps", "5", "--steps", "7"]).steps == 7  # given twice: the last one, checked
+    assert "--steps -1 must be at least 0" in one_line_exit(capsys, parse_args, ["--steps", "5", "--steps", "-1"])
+
+
+def test_the_shipped_data_lies_in_mini_data():
+    """Every shipped file and model the paths name is there (a renamed path is a missing file at the first run)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("pool.jsonl", "eval.jsonl", "mate_in_one.jsonl", "eval_games.jsonl"):
+        assert os.path.isfile(os.path.join(here, "data", name)), name
+    import mini.config as config
+    assert [config.POOL_PATH, config.EVAL_PATH, config.MATE_PATH, config.REAL_EVAL_PATH] == [
+        os.path.join(here, "data", name) for name in ("pool.jsonl", "eval.jsonl", "mate_in_one.jsonl",
+                                                      "eval_games.jsonl")]
+    assert [config.SHIPPED_MODEL, config.CI_MODEL] == [os.path.join(here, "data", m) for m in ("rookworld-10m",
+                                                                                                "rookworld-8m")]
+    assert all(os.path.isfile(os.path.join(m, "config.json")) for m in (config.SHIPPED_MODEL, config.CI_MODEL))
 
 
 # ----------------------------------------------------------------------------- boundaries, by hand
@@ -267,6 +367,24 @@ EDGES = [
     ("sft", "--n_layer", ["1"], ["0"]),
     ("sft", "--n_head", ["1"], ["0"]),
     ("sft", "--grow_layers", ["0"], ["-1"]),
+    ("train", "--max_new_tokens", ["1"], ["0"]),
+    ("train", "--batch_size", ["1"], ["0"]),
+    ("sft", "--batch_size", ["1"], ["0"]),
+    ("train", "--micro_batch_size", ["0"], ["-1"]),
+    ("train", "--selfplay_plies", ["1"], ["0"]),
+    ("train", "--selfplay_top_k", ["0"], ["-1"]),
+    ("train", "--annotate_workers", ["1"], ["0"]),
+    ("train", "--engine_depth", ["1"], ["0"]),
+    ("train", "--kl_warmup_steps", ["0"], ["-1"]),
+    ("train", "--log_samples", ["0"], ["-1"]),
+    ("train", "--value_coef", ["0"], ["-0.01"]),
+    ("train", "--kl_threshold", ["0"], ["-0.01"]),
+    ("train", "--env_sft_coef", ["0"], ["-0.01"]),
+    ("train", "--policy_sft_coef", ["0"], ["-0.01"]),
+    ("train", "--decay_steps", ["0"], ["-1"]),
+    ("sft", "--data_workers", ["0"], ["-1"]),
+    ("sft", "--snapshot_every_min", ["0"], ["-0.01"]),
+    ("sft", "--n_embd", ["256"], ["0"]),  # 1, the bound, is no multiple of the 4 heads
 ]
 
 
@@ -344,6 +462,8 @@ def test_cuda_device_index_against_the_device_count(capsys, monkeypatch):
     assert device_problem("cuda") is None and device_problem("cuda:0") is None and device_problem("cuda:1") is None
     assert "there are 2 CUDA devices" in device_problem("cuda:2")
     assert "must be auto, cpu, cuda or cuda:N" in device_problem("cuda:x")
+    for name in ("cuda:01", "cuda:\u0661", "cuda:+1", "cuda:", "cudax", "cuda:1x"):  # torch.device("cuda:01") fails
+        assert device_problem(name) == f"--device {name!r} must be auto, cpu, cuda or cuda:N"
 
 
 # ----------------------------------------------------------------------------- fuzz

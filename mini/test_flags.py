@@ -19,7 +19,7 @@ import torch
 
 import mini.train as train
 from mini.config import FIELDS, POOL_PATH, Config
-from mini.flags import parse_args, problems
+from mini.flags import error_sentence, parse_args, problems, wrong_types
 from mini.dataset import PoolSource, StreamSource, make_source
 from mini.formats import policy_prompt
 from mini.loader import save_model
@@ -572,6 +572,111 @@ def test_a_whole_number_past_a_c_integer_is_refused_in_one_sentence(capsys):
         parse_args(["--eval_n", str(big), "--model_path", "x/y"])
     assert e.value.code == 2 and capsys.readouterr().err.endswith(f"--eval_n {big} is too large a number (at most "
                                                                   f"{sys.maxsize})\n")
+
+
+def test_a_settings_file_value_of_the_wrong_kind_or_outside_the_choices_is_named():
+    """A run's config.json is checked field by field: unknown keys are skipped (the next ones still checked), text is
+    no number, 1 is no boolean, a choice outside the list is named with the list, shown as JSON up to 40 characters;
+    a whole number fits a float field, and sft.py's narrower --data_source choices are not train.py's."""
+    assert wrong_types({"nope": 1, "run_name": 5, "lr": "1e-5", "bf16": 1, "loss_type": "ppo", "policy_pad": 90,
+                        "kl_type": "x" * 50, "overwrite": None}) == [
+        "--run_name 5 must be text", '--lr "1e-5" must be a number', "--bf16 1 must be true or false",
+        '--loss_type "ppo" must be one of grpo, dr_grpo, dapo', "--policy_pad 90 must be text",
+        '--kl_type "' + "x" * 39 + " must be one of forward, reverse, symmetric, k3",
+        "--overwrite null must be true or false"]
+    assert wrong_types({"lr": 1, "data_source": "selfplay", "policy_pad": "both", "shared_prefix_decode": None}) == []
+
+
+def test_numbers_out_of_every_range_are_one_sentence_each():
+    """Non-finite floats, and whole numbers beyond a C integer either way (shown whole up to 30 digits)."""
+    assert problems({"lr": float("nan"), "temperature": -math.inf}) == ["--lr nan is not a finite number",
+                                                                        "--temperature -inf is not a finite number"]
+    big = sys.maxsize
+    assert problems({"score_workers": -10**22}) == [f"--score_workers {-10**22} is too large a number (at most {big})"]
+    assert problems({"seed": 10**29}) == [f"--seed {10**29} is too large a number (at most {big})"]  # 30 digits
+    assert problems({"seed": 10**30}) == [f"--seed 1000000000... is too large a number (at most {big})"]
+    assert problems({"steps": -1, "k_samples": 1}) == ["--steps -1 must be at least 0",
+                                                      "--k_samples 1 must be at least 2"]
+
+
+def test_the_first_problem_is_the_one_sentence(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--k_samples", "1", "--auto_resume", "--device", "tpu"])
+    assert e.value.code == 2 and capsys.readouterr().err.endswith("error: --k_samples 1 must be at least 2\n")
+
+
+def test_combinations_refuse_only_what_contradicts(monkeypatch):
+    """Each combination check refuses its own case and lets its neighbours through."""
+    assert problems({"data_source": "generate", "data_file": POOL_PATH}) == [
+        "--data_file is read only with --data_source file (not generate); add that or drop --data_file"]
+    assert problems({"baseline_type": "ema", "scale_rewards": "batch"}) == []
+    assert problems({"baseline_type": "adaptive", "scale_rewards": "group"}) == []
+    assert problems({"baseline_type": "ema"})[0].startswith("--baseline_type ema with --scale_rewards group divides")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    rows = {"batch_size": 3, "env_sft_batch": 16, "policy_sft_batch": 16}
+    assert problems({**rows, "env_sft_coef": 0.0, "policy_sft_coef": 0.0}) == []  # the terms are off: no rows drawn
+    assert problems({**rows, "policy_sft_coef": 1.0, "policy_sft_batch": 15}) == []
+    assert problems({**rows, "env_sft_coef": 1.0}) == [
+        "--env_sft_batch 16 does not divide among the 3 processes torchrun started (it is the global number of rows "
+        "per step); use a multiple of 3"]
+    assert problems({**rows, "policy_sft_coef": 0.5})[0].startswith("--policy_sft_batch 16 does not divide among the 3")
+    assert problems({"steps": 0, "warmup_steps": 0, "decay_steps": 5}) == []  # --steps 0: no schedule to spoil
+    assert problems({"steps": 6, "warmup_steps": 0, "decay_steps": 5}) == []
+
+
+def test_overwrite_refuses_a_supervised_file_in_the_run_and_only_when_the_run_exists(tmp_path):
+    """--sft_data_file, or the second of a comma list, inside the run dir: refused with --overwrite; a run directory
+    not there yet moves nothing aside (its missing file is the one sentence)."""
+    (tmp_path / "t1").mkdir()
+    inside = tmp_path / "t1" / "d.jsonl"
+    inside.write_text("")
+    run = {"overwrite": True, "log_dir": str(tmp_path), "run_name": "t1"}
+    assert problems({**run, "sft_data_file": str(inside), "env_sft_coef": 1.0}) == [
+        f"--overwrite would move the run {tmp_path / 't1'} aside, and with it --sft_data_file {inside}: copy the file "
+        "out first, or pick another --run_name"]
+    assert len(problems({**run, "data_source": "file", "data_file": f"{POOL_PATH},{inside}"})) == 1
+    (tmp_path / "t10").mkdir()  # t1's name is a prefix of it, not a folder above it
+    assert problems({**run, "model_path": str(tmp_path / "t10")}) == []
+    gone = tmp_path / "t2" / "d.jsonl"
+    assert problems({**run, "run_name": "t2", "data_source": "file", "data_file": str(gone)}) == [
+        f"--data_file {gone}: no such file"]
+
+
+def test_a_model_path_that_looks_like_a_path_must_exist(tmp_path, monkeypatch):
+    """Absolute, home-relative (~ is not expanded), or under a local folder: a path, checked now; owner/name, with no
+    such local folder, is a hub id."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    for name in ("/nomodel", "~/nomodel", "logs/nomodel", "./nomodel", "a/b/c", "nomodel"):
+        assert problems({"model_path": name}) == [
+            f"--model_path: model directory {name} does not exist; pass an existing snapshot directory or a hub id like "
+            "jrahn/RookWorld-LM-124M"]
+    assert problems({"model_path": "owner/nomodel"}) == problems({"model_path": "scratch"}) == []
+
+
+def test_a_data_file_that_is_a_folder_is_one_sentence_not_three(tmp_path):
+    assert problems({"data_source": "file", "data_file": str(tmp_path)}) == [
+        f"--data_file {tmp_path} is a folder; name its JSONL files, comma-separated"]
+    assert problems({"data_source": "file", "data_file": f"/dev/null,{POOL_PATH}"}) == [
+        "--data_file /dev/null is not a regular file (a device or a pipe); name JSONL files"]
+
+
+def test_an_os_error_is_a_sentence_naming_its_file():
+    assert error_sentence(IsADirectoryError(21, "Is a directory", "x/r.json")) == ("x/r.json: is a directory; check "
+                                                                                  "the path")
+    assert error_sentence(OSError("disk gone")) == "disk gone"  # no file to name
+    assert error_sentence(ValueError("bad value")) == "bad value"
+
+
+def test_shape_flags_at_their_defaults_go_with_a_snapshot_and_sft_offers_no_selfplay(capsys):
+    """sft.py takes --n_layer 4 (the default: nothing would be ignored) with a snapshot, and its --data_source
+    choices are its own."""
+    snapshot = os.path.join(HERE, "data", "rookworld-8m")
+    assert parse_args(["--model_path", snapshot, "--n_layer", "4", "--n_positions", "256"], script="sft").n_layer == 4
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--data_source", "selfplay"], script="sft")
+    assert e.value.code == 2 and "invalid choice: 'selfplay'" in capsys.readouterr().err
+    assert parse_args(["--data_source", "selfplay"]).data_source == "selfplay"
 
 
 if __name__ == "__main__":
