@@ -88,7 +88,11 @@ def problems(values, checks=None):
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):
         out.append(f"--micro_batch_size {v('micro_batch_size')} is larger than the batch of --batch_size x --k_samples = "
                    f"{v('batch_size') * v('k_samples')} completions; lower it or use 0 (the whole batch)")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    world = os.environ.get("WORLD_SIZE", "1")  # set by torchrun; by hand it may be anything
+    if not (world.isascii() and world.isdigit() and int(world) > 0):
+        out.append(f"WORLD_SIZE={world!r} in the environment is not a number of processes; unset it, or start the "
+                   "run with torchrun, which sets it")
+    world = int(world) if world.isascii() and world.isdigit() else 1
     if world > 1 and v("batch_size") and v("batch_size") % world:
         out.append(f"--batch_size {v('batch_size')} does not divide among the {world} processes torchrun started "
                    f"(it is the global number of prompts per step); use a multiple of {world}")

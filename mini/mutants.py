@@ -6331,6 +6331,15 @@ MUTANTS = [
            'flags.py', '        if os.path.exists(path) and not os.path.isfile(path):',
            '        if False:',
            ('mini/test_config.py::test_an_output_path_that_is_a_device_is_refused',)),
+    # the tenth session: a WORLD_SIZE set by hand to no count
+    Mutant('world_size_unchecked', 'a WORLD_SIZE set by hand to no count is a ValueError traceback before the run',
+           'flags.py', '    world = int(world) if world.isascii() and world.isdigit() else 1\n',
+           '    world = int(world)\n',
+           ('mini/test_flags.py::test_a_world_size_set_by_hand_that_is_no_count_is_one_sentence',)),
+    Mutant('world_size_zero_taken', 'WORLD_SIZE=0 passes the checks',
+           'flags.py', 'world.isdigit() and int(world) > 0):',
+           'world.isdigit()):',
+           ('mini/test_flags.py::test_a_world_size_set_by_hand_that_is_no_count_is_one_sentence',)),
 ]
 
 

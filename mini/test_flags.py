@@ -624,6 +624,17 @@ def test_combinations_refuse_only_what_contradicts(monkeypatch):
     assert problems({"steps": 6, "warmup_steps": 0, "decay_steps": 5}) == []
 
 
+@pytest.mark.parametrize("world", ["x", "", "0", "2.5", "-1", "٣"])
+def test_a_world_size_set_by_hand_that_is_no_count_is_one_sentence(monkeypatch, world):
+    """torchrun sets WORLD_SIZE; one set by hand to anything else was a ValueError traceback before the run."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert problems({"batch_size": 3}) == [
+        f"WORLD_SIZE={world!r} in the environment is not a number of processes; unset it, or start the run with "
+        "torchrun, which sets it"]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert problems({"batch_size": 3}) == []
+
+
 def test_overwrite_refuses_a_supervised_file_in_the_run_and_only_when_the_run_exists(tmp_path):
     """--sft_data_file, or the second of a comma list, inside the run dir: refused with --overwrite; a run directory
     not there yet moves nothing aside (its missing file is the one sentence)."""
