@@ -76,6 +76,9 @@ def finish_interrupted_save(out_dir):
 
 def resolve_snapshot(name_or_path):
     """A local directory as it is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+    if not name_or_path:
+        raise LoadError("no model given (an empty --model_path); pass a snapshot directory or a hub id like "
+                        "jrahn/RookWorld-LM-124M")
     finish_interrupted_save(name_or_path)
     if os.path.isdir(name_or_path):
         return name_or_path

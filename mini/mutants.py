@@ -6340,6 +6340,11 @@ MUTANTS = [
            'flags.py', 'world.isdigit() and int(world) > 0):',
            'world.isdigit()):',
            ('mini/test_flags.py::test_a_world_size_set_by_hand_that_is_no_count_is_one_sentence',)),
+    # the tenth session: an empty --model_path
+    Mutant('empty_model_path_as_a_folder', 'an empty --model_path is "model directory  does not exist", the name blank',
+           'loader.py', '    if not name_or_path:\n        raise LoadError("no model given',
+           '    if False:\n        raise LoadError("no model given',
+           ('mini/test_loader.py::test_an_empty_model_path_says_no_model_was_given',)),
 ]
 
 

@@ -271,6 +271,11 @@ def test_a_save_onto_a_folder_that_holds_no_snapshot_is_refused(snapshot, tmp_pa
         assert load_model(save_model(snapshot[0], Tokenizer.gpt2(), str(out)))[0].config == snapshot[0].config
 
 
+def test_an_empty_model_path_says_no_model_was_given():
+    with pytest.raises(LoadError, match=r"^no model given \(an empty --model_path\); pass a snapshot directory or a hub id"):
+        load_model("")
+
+
 def test_a_save_onto_a_file_is_refused(snapshot, tmp_path):
     (tmp_path / "final").write_text("notes")
     with pytest.raises(LoadError, match="it is a file"):
