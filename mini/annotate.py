@@ -7,6 +7,7 @@ A quick search screens out most lopsided positions (beyond --max_eval pawns one 
 Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes where it stopped.
 """
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -40,14 +41,19 @@ def write_jsonl(path, meta, positions, labels, transitions=()):
     then renamed."""
     tmp = path + ".tmp"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"meta": meta}) + "\n")
-        for fen, history, phase_name in positions:
-            moves, evals = labels[fen]
-            record = {"fen": fen, "moves": moves, "evals": evals, "history": history, "phase": phase_name}
-            f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        for fen, move, history in transitions:
-            f.write(json.dumps({"fen": fen, "move": move, "history": history}, separators=(",", ":")) + "\n")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"meta": meta}) + "\n")
+            for fen, history, phase_name in positions:
+                moves, evals = labels[fen]
+                record = {"fen": fen, "moves": moves, "evals": evals, "history": history, "phase": phase_name}
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            for fen, move, history in transitions:
+                f.write(json.dumps({"fen": fen, "move": move, "history": history}, separators=(",", ":")) + "\n")
+    except BaseException:  # a failed or cut-off write (Ctrl-C) leaves no half-written .tmp beside the data
+        with contextlib.suppress(OSError):  # open() itself may have failed: no .tmp, and its error is the one
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
 
 
@@ -407,8 +413,10 @@ def main(argv=None):
                             "its own")
     games_only = [f"--{k}" for k in ("eval_games", "eval_transitions", "transitions", "cut_rate", "king_shares")
                   if getattr(a, k) != p.get_default(k) and not (a.pgn and k == "eval_transitions")]
-    if games_only and not a.games:
-        p.error(f"{', '.join(games_only)} draw from played games: give --games N too, or leave them out")
+    if games_only and not a.games:  # --pgn and --mates refuse --games: for them the one way is to leave them out
+        p.error(f"{', '.join(games_only)} draw from played games: " + (
+            f"--{'pgn' if a.pgn else 'mates'} plays none, leave them out" if a.pgn or a.mates
+            else "give --games N too, or leave them out"))
     writes_held_out = not a.mates and not a.pgn and (a.eval_games > 0 if a.games else a.eval > 0)
     if a.pool_path and not a.eval_path and writes_held_out:  # a pool sent elsewhere: its held-out set would not be
         p.error(f"--pool_path alone would write the held-out set over the shipped "

@@ -1,4 +1,5 @@
 """Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
+import argparse
 import itertools
 import json
 import os
@@ -13,9 +14,9 @@ from hypothesis import given, settings, strategies as st
 import mini.annotate as annotate
 from mini.annotate import main
 from mini.config import EVAL_PATH, REAL_EVAL_PATH
-from mini.dataset import held_out_keys, load_jsonl
+from mini.dataset import held_out_keys, load_jsonl, record_keys
 from mini.formats import position_key
-from mini.positions import build_mates, history_bucket
+from mini.positions import build_mates, game_fens, history_bucket, phase
 from mini.stockfish import Annotator, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
 
 try:
@@ -263,7 +264,7 @@ def test_mate_pool_is_labelled_mates_and_held_out_free(tmp_path, capsys, monkeyp
 def test_write_jsonl_writes_whole_files_or_leaves_the_old_one(tmp_path):
     """The header, one P: record per position with its labels, history and phase, then one A: record per transition;
     a write that fails part way (here a position without its labels) leaves the previous file as it was, so that a
-    build cut off keeps what it had."""
+    build cut off keeps what it had, and its temporary file removed."""
     path, fen = str(tmp_path / "data.jsonl"), chess.STARTING_FEN
     annotate.write_jsonl(path, {"seed": 1}, [(fen, [], "opening")], {fen: (["e2e4"], [0.3])}, [(fen, "g1f3", ["g1f3"])])
     first = open(path).read()
@@ -273,7 +274,7 @@ def test_write_jsonl_writes_whole_files_or_leaves_the_old_one(tmp_path):
     with pytest.raises(KeyError):
         annotate.write_jsonl(path, {"seed": 2}, [(fen, [], "opening"), (FENS[1], [], "middlegame")],
                              {fen: (["e2e4"], [0.3])})
-    assert open(path).read() == first
+    assert open(path).read() == first and os.listdir(tmp_path) == ["data.jsonl"]  # and no half-written .tmp
 
 
 def test_describe_prints_the_distributions_of_a_data_file(tmp_path):
@@ -524,6 +525,199 @@ def test_engine_deadline_by_hand():
     assert engine_deadline(chess.engine.Limit(depth=10), multipv=2) == pytest.approx(10 + 20 * 1e-3 * 109.9511627776 * 2)
     # the guess stops growing at depth 40 (1.6^40 ms, about 40 hours): a deeper search still has a deadline
     assert engine_deadline(chess.engine.Limit(depth=60)) == engine_deadline(chess.engine.Limit(depth=40)) < 5e6
+
+
+class LabelAnnotator(ScreenAnnotator):
+    """ScreenAnnotator for real FENs: each labelled with its first legal move in UCI order, eval 0.0."""
+
+    def annotate(self, fens):
+        return {f: ([min(m.uci() for m in chess.Board(f).legal_moves)], [0.0]) for f in fens}
+
+
+FOOLS_MATE, FOOLS_MATE_UCI = "1. f3 e5 2. g4 Qh4# 0-1", "f2f3 e7e5 g2g4 d8h4".split()
+
+
+def plies_before(moves):
+    """{fen of each position a move of the game is played from: the moves that led there}."""
+    board, out = chess.Board(), {}
+    for move in moves:
+        out[board.fen()] = [m.uci() for m in board.move_stack]
+        board.push_uci(move)
+    return out
+
+
+RUY_20_FENS = list(plies_before(RUY_20_UCI))
+
+
+def test_read_pgn_reads_every_file_in_order_whatever_its_encoding(tmp_path):
+    """Games of several files, in file then game order: a Latin-1 file (é of a player's name is no UTF-8) and one of
+    CRLF lines are read; a game without a Result header has the result its moves end on; a variation is not the
+    game's; Z0 and 0000 are null moves; a set-up position that is the initial one is kept; an empty file holds no
+    game."""
+    latin, crlf, empty = tmp_path / "latin.pgn", tmp_path / "crlf.pgn", tmp_path / "empty.pgn"
+    latin.write_bytes('[Event "x"]\n[White "Réti"]\n[Result "1-0"]\n\n1. e4 (1. d4 d5) e5 1-0\n\n'
+                      '[Event "y"]\n\n1. e4 Z0 2. d4 *\n'.encode("latin-1"))
+    crlf.write_bytes(b'[Event "z"]\r\n[SetUp "1"]\r\n[FEN "' + chess.STARTING_FEN.encode() + b'"]\r\n\r\n1. d4 d5 *\r\n'
+                     b'\r\n1. f3 e5 2. g4 Qh4# 0-1\r\n\r\n1. e4 0000 *\r\n')
+    empty.write_bytes(b"")
+    games, skipped = annotate.read_pgn([str(latin), str(empty), str(crlf)])
+    assert games == [(["e2e4", "e7e5"], "1-0"), (["d2d4", "d7d5"], "*"), (FOOLS_MATE_UCI, "0-1")]
+    assert skipped == {"with a null move": 2}
+    many = tmp_path / "many.pgn"
+    write_pgn(many, *[("", FOOLS_MATE)] * 500)
+    assert annotate.read_pgn([str(many)]) == ([(FOOLS_MATE_UCI, "0-1")] * 500, {})
+
+
+def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed(tmp_path, capsys, monkeypatch):
+    """--pgn without an engine (the labels stand in): of two files' games, --eval distinct P: positions among their
+    23 plies, each with the moves that led there; --eval_transitions 10 is 3 per history bucket (9: no shortfall to
+    say); more than the games hold is written and said; the skipped games are counted by why; another --seed draws
+    another set, the same seed the same file. The labels are searched at --depth with --workers and --cache."""
+    monkeypatch.setattr(annotate, "Annotator", LabelAnnotator)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    monkeypatch.setattr(ScreenAnnotator, "made", [])
+    pgn, other, out = tmp_path / "a.pgn", tmp_path / "b.pgn", tmp_path / "out" / "set.jsonl"
+    write_pgn(pgn, ("", RUY_20), ('[Variant "Atomic"]', "1. e4 e5 *"),
+              ('[SetUp "1"]\n[FEN "8/8/4k3/8/8/4K3/4P3/8 w - - 0 60"]', "60. Kd4 *"),
+              ('[SetUp "1"]\n[FEN "8/8/4k3/8/8/3K4/4P3/8 b - - 0 60"]', "60... Kd5 *"))
+    write_pgn(other, ('[Result "0-1"]', FOOLS_MATE))
+    before = {**plies_before(FOOLS_MATE_UCI), **plies_before(RUY_20_UCI)}
+    assert len(before) == 23  # the initial position is in both games
+
+    def run(*flags):
+        main(["--pgn", str(pgn), str(other), "--cache", "c.jsonl", "--eval_path", str(out), "--depth", "3",
+              "--workers", "2", *flags])
+        printed, lines = capsys.readouterr().out, out.read_text().splitlines()
+        return printed, json.loads(lines[0])["meta"], [json.loads(x) for x in lines[1:]]
+
+    printed, meta, records = run("--eval", "12", "--eval_transitions", "10")
+    assert ScreenAnnotator.made == [((3, None, 2, "c.jsonl"), {})]
+    assert printed.startswith(f"wrote 12 P: positions and 9 A: transitions of 2 games to {out}; skipped 1 of a "
+                              "variant, 2 set up from a FEN (fake, depth=0) in ")
+    assert "asked; writing those" not in printed
+    assert {k: meta[k] for k in ("games", "pgn", "seed", "multipv")} == {"games": 2, "pgn": ["a.pgn", "b.pgn"],
+                                                                         "seed": 0, "multipv": 5}
+    policy, env = [r for r in records if "moves" in r], [r for r in records if "move" in r]
+    assert len(policy) == 12 and len({position_key(r["fen"]) for r in policy}) == 12
+    assert all(r["fen"] in before and r["history"] == before[r["fen"]][-9:] for r in policy)
+    assert all(r["phase"] == phase(chess.Board(r["fen"])) for r in policy)
+    assert sorted(history_bucket(len(r["history"])) for r in env) == ["1-2"] * 3 + ["3-5"] * 3 + ["6-10"] * 3
+    again = run("--eval", "12", "--eval_transitions", "10")[2]
+    reseeded = run("--eval", "12", "--eval_transitions", "10", "--seed", "1")[2]
+    assert again == records and {r["fen"] for r in reseeded if "moves" in r} != {r["fen"] for r in policy}
+    assert [r for r in reseeded if "move" in r] != env
+    printed, _, records = run("--eval", "30", "--eval_transitions", "12")
+    assert "the 2 games hold 23 of the 30 positions and 12 of the 12 transitions asked; writing those" in printed
+    assert len(records) == 23 + 12
+    printed = run("--eval", "5", "--eval_transitions", "3000")[0]
+    assert re.search(r"the 2 games hold 5 of the 5 positions and \d+ of the 3000 transitions asked", printed)
+    write_pgn(pgn, ('[Variant "Atomic"]', "1. e4 e5 *"))
+    with pytest.raises(SystemExit, match=re.escape(f"annotate.py --pgn: no game of standard chess from the initial "
+                                                   f"position in {pgn}; skipped 1 of a variant")):
+        main(["--pgn", str(pgn), "--cache", "", "--eval_path", str(out)])
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--pgn", "games.pgn", "--eval_games", "5"],
+     "--eval_games draw from played games: --pgn plays none, leave them out"),
+    (["--mates", "--pool_path", "p.jsonl", "--cut_rate", "0.5"],
+     "--cut_rate draw from played games: --mates plays none, leave them out"),
+    (["--eval_games", "5"], "--eval_games draw from played games: give --games N too, or leave them out"),
+    (["--mates", "--pool_path", "p.jsonl", "--games", "2"], "--mates writes a training pool of its own: give it "
+     "--pool_path PATH, and no --games")])
+def test_flags_of_played_games_say_the_one_way_out(flags, says, tmp_path, capsys, monkeypatch):
+    """--pgn and --mates refuse --games, so a flag of played games with them is to be left out; it said "give --games N
+    too", which the next run then refused."""
+    monkeypatch.chdir(tmp_path)
+    write_pgn(tmp_path / "games.pgn", ("", RUY_20))
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)  # no engine is started
+    for build in ("build_mate_pool", "build_from_pgn", "build_from_games"):  # a build let through ends at once
+        monkeypatch.setattr(annotate, build, lambda a: None)
+    with pytest.raises(SystemExit) as stop:
+        main(flags + ["--cache", ""])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].endswith(says) and not os.path.exists("p.jsonl")
+
+
+def test_games_with_no_eval_games_take_a_pool_path_alone(tmp_path, monkeypatch):
+    """--games N --eval_games 0 writes no held-out set, so --pool_path alone is no danger to the shipped one."""
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    built = []
+    monkeypatch.setattr(annotate, "build_from_games", lambda a: built.append((a.pool_path, a.eval_games)))
+    main(["--games", "2", "--eval_games", "0", "--cache", "", "--pool_path", str(tmp_path / "p.jsonl")])
+    assert built == [(str(tmp_path / "p.jsonl"), 0)]
+
+
+def test_describe_prints_every_file_given_and_a_file_of_one_kind(tmp_path, capsys):
+    """--describe A B: each file's lines in turn; a file of A: transitions only has no P: lines, one of P: positions
+    only no A: line."""
+    only_a, only_p = tmp_path / "a.jsonl", tmp_path / "p.jsonl"
+    only_a.write_text(json.dumps({"fen": chess.STARTING_FEN, "move": "e2e4", "history": ["e2e4"]}) + "\n")
+    only_p.write_text(json.dumps({"fen": chess.STARTING_FEN, "moves": ["e2e4"], "evals": [0.1], "history": []}) + "\n")
+    main(["--describe", str(only_a), str(only_p)])
+    assert capsys.readouterr().out.splitlines() == [
+        f"{only_a}: 0 P: positions, 1 A: transitions", "  A: history   1-2 100%",
+        f"{only_p}: 1 P: positions, 0 A: transitions", "  move number  p10 / p50 / p90: 1 / 1 / 1",
+        "  pieces       p10 / p50 / p90: 32 / 32 / 32", "  phase        opening 100%, middlegame 0%, endgame 0%",
+        "  in check     0.0%", "  king safety  check 0%, pin 0%, king_square 0%, unconstrained 100%"]
+
+
+def test_king_shares_take_spaces_and_float_sums_of_one():
+    """0.33 + 0.56 + 0.11 is 1.0000000000000002 in floats: a sum of one, not above it; every class named, 0.2 + 0.4
+    + 0.3 + 0.1 is too, and 0.1 + 0.5 + 0.3 + 0.1 is 0.9999999999999999: one, not short of it; spaces around a name
+    are kept out."""
+    assert annotate.king_shares(" check=0.33, pin = 0.56,king_square=0.11") == {"check": 0.33, "pin": 0.56,
+                                                                                "king_square": 0.11}
+    every = annotate.king_shares("check=0.2,pin=0.4,king_square=0.3,unconstrained=0.1")
+    assert every == {"check": 0.2, "pin": 0.4, "king_square": 0.3, "unconstrained": 0.1}
+    assert annotate.king_shares("check=0.1,pin=0.5,king_square=0.3,unconstrained=0.1")["pin"] == 0.5
+    for text, says in (("check=0.5,pin=0.5,king_square=0.001", "add up to 1.001; at most 1"),
+                       ("check=0.5,pin=0.2,king_square=0.2,unconstrained=0.099", "add up to 0.999; with every class")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            annotate.king_shares(text)
+
+
+def test_write_jsonl_makes_its_folder_and_writes_no_transitions_by_default(tmp_path):
+    path, fen = tmp_path / "a" / "b" / "set.jsonl", chess.STARTING_FEN
+    annotate.write_jsonl(str(path), {}, [(fen, ["e2e4"], "opening")], {fen: (["d2d4"], [0.2])})
+    record = {"fen": fen, "moves": ["d2d4"], "evals": [0.2], "history": ["e2e4"], "phase": "opening"}
+    assert path.read_text().splitlines() == ['{"meta": {}}', json.dumps(record, separators=(",", ":"))]
+    assert os.listdir(path.parent) == ["set.jsonl"]  # the temporary file renamed
+
+
+def test_realistic_build_holds_out_what_training_reaches_without_an_engine(tmp_path, capsys, monkeypatch):
+    """--games with the games and labels standing in: the held-out P: positions are the eval game's plies that no
+    training game nor the shipped pool reaches; its A: transitions start and land off them, 2 per bucket; the pool
+    draws from the training games and leaves out every held-out position (this build's and the shipped sets'),
+    its A: transitions every one of the training games' plies not held out."""
+    monkeypatch.setattr(annotate, "Annotator", LabelAnnotator)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    train, held = [("e2e4 e7e5 g1f3 b8c6".split(), "*"), (FOOLS_MATE_UCI, "0-1")], [(RUY_20_UCI, "1/2-1/2")]
+    monkeypatch.setattr(annotate, "play_games", lambda tag, *a: held if tag.endswith("-eval") else train)
+    board = chess.Board()
+    board.push_uci("f2f3")
+    shipped_pool, shipped_held = {position_key(RUY_20_FENS[19])}, {position_key(board.fen())}
+    monkeypatch.setattr(annotate, "shipped_keys", lambda paths: set(shipped_pool))
+    monkeypatch.setattr(annotate, "held_out_keys", lambda: frozenset(shipped_held))
+    pool, ev = tmp_path / "pool.jsonl", tmp_path / "eval.jsonl"
+    main(["--games", "2", "--eval_games", "1", "--pool", "50", "--eval", "50", "--eval_transitions", "6",
+          "--cut_rate", "0", "--cache", "", "--pool_path", str(pool), "--eval_path", str(ev)])
+    read = lambda path: [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    trained = {position_key(f) for moves, _ in train for f in game_fens(moves)} | shipped_pool
+    eval_p, eval_a = [r for r in read(ev) if "moves" in r], [r for r in read(ev) if "move" in r]
+    assert {position_key(r["fen"]) for r in eval_p} == {position_key(f) for f in RUY_20_FENS} - trained
+    assert sorted(history_bucket(len(r["history"])) for r in eval_a) == ["1-2"] * 2 + ["3-5"] * 2 + ["6-10"] * 2
+    held_out = shipped_held | {k for r in read(ev) for k in record_keys(r["fen"], r.get("move"))}
+    assert not {k for r in eval_a for k in record_keys(r["fen"], r["move"])} & trained
+    pool_p, pool_a = [r for r in read(pool) if "moves" in r], [r for r in read(pool) if "move" in r]
+    train_plies = {position_key(f) for moves, _ in train for f in plies_before(moves)}
+    assert {position_key(r["fen"]) for r in pool_p} == train_plies - held_out
+    assert "the 2 games hold 6 positions for a pool of 50; writing those" in capsys.readouterr().out
+    assert not {k for r in pool_a for k in record_keys(r["fen"], r["move"])} & held_out and pool_a
+    assert all(len(r["history"]) == chess.Board(r["fen"]).ply() + 1 for r in pool_a)  # --cut_rate 0: the whole game
+    main(["--games", "2", "--eval_games", "1", "--eval_transitions", "6", "--transitions", "4", "--cache", "",
+          "--pool_path", str(pool), "--eval_path", str(ev)])
+    assert sum("move" in r for r in read(pool)) == 4  # --transitions: at most that many
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@
 """
 import json
 
+import numpy as np
 import pytest
 from tiktoken.load import load_tiktoken_bpe
 import tiktoken
 
-from mini.tokenizer import GPT2_PATTERN, SHIPPED_RANKS, Tokenizer
+from mini.tokenizer import GPT2_PATTERN, SHIPPED_RANKS, Tokenizer, bytes_to_unicode
 
 LINES = [
     "P: 8/5k2/r2p1bp1/P6p/2p5/PR4P1/3B1K1P/8 w - - 0 44                                          M: b3b7 b3b5 b3f3 b3b4 b3b1      E: -1.13 -0.8 -2.33 -2.11 -2.42            B: b3b5",
@@ -21,6 +22,7 @@ TEXTS = LINES + [
     "Hello world", " the", "It's a test: 3.14, don't   panic!\n\tTabs\nand\r\nnewlines  ", "~!@#$%^&*()_+{}|:\"<>?`-=[]\\;',./",
     "", "   ", "<|endoftext|> is plain text here",
     "We're sure you'll see: they've, I'm, he'd, it's, don't. WE'RE", "café €5 naïve 日本 🙂 ÿ\u00ac",
+    "soft\u00adhyphen \u00a0non-breaking \x7f\x00",
 ]
 
 
@@ -123,6 +125,105 @@ def test_a_vocabulary_without_every_byte_is_damaged(from_files, tmp_path, ids):
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(ValueError, match="vocab.json is damaged: not a GPT-2 vocabulary .* the 256 single bytes"):
         Tokenizer.from_dir(str(tmp_path))
+
+
+def test_byte_map_by_hand():
+    """GPT-2's map: printable Latin-1 bytes are themselves, the rest (0-32, 127-160 and the soft hyphen 173) take
+    U+0100 onwards in byte order; one character a byte."""
+    m = bytes_to_unicode()
+    assert (m[0x21], m[0x7E], m[0xA1], m[0xAC], m[0xAE], m[0xFF]) == ("!", "~", "¡", "¬", "®", "ÿ")
+    assert (m[0x00], m[0x0A], m[0x20], m[0x7F], m[0xA0], m[0xAD]) == ("Ā", "Ċ", "Ġ", "ġ", "ł", "Ń")
+    assert sorted(m) == list(range(256)) and len(set(m.values())) == 256
+
+
+def _vocab(d):
+    """The vocab.json of folder d, as a dict."""
+    with open(f"{d}/vocab.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("eos_id", [50257, 60000])
+def test_an_end_of_text_id_past_the_tokens_is_damaged_not_moved(from_files, tmp_path, eos_id):
+    """<|endoftext|> at an id other than the one after the tokens loaded with its id silently moved to 50256: a model
+    trained to stop on another id would never stop. One sentence naming the file and both ids."""
+    _, d = from_files
+    (tmp_path / "vocab.json").write_text(json.dumps({**_vocab(d), "<|endoftext|>": eos_id}))
+    with pytest.raises(ValueError, match=f"vocab.json is damaged: <.endoftext.> has id {eos_id}, not 50256"):
+        Tokenizer.from_dir(str(tmp_path))
+    (tmp_path / "vocab.json").write_text(json.dumps({t: i for t, i in _vocab(d).items() if t != "<|endoftext|>"}))
+    tok = Tokenizer.from_dir(str(tmp_path))  # none: the id after the tokens, as GPT-2's
+    assert (tok.eos_token_id, tok.vocab_size, tok.decode([50256])) == (50256, 50257, "<|endoftext|>")
+
+
+@pytest.mark.parametrize("value", ["false", "0.0"])
+def test_an_id_that_is_not_an_integer_is_damaged(from_files, tmp_path, value):
+    """false and 0.0 compare equal to 0, so the ids' order alone would take them for it."""
+    _, d = from_files
+    text = json.dumps(_vocab(d))
+    (tmp_path / "vocab.json").write_text(text.replace('{"!": 0,', f'{{"!": {value},'))
+    assert text != (tmp_path / "vocab.json").read_text()
+    with pytest.raises(ValueError, match="vocab.json is damaged: not a GPT-2 vocabulary"):
+        Tokenizer.from_dir(str(tmp_path))
+
+
+def test_a_directory_without_a_vocabulary_says_which_files_it_needs(tmp_path):
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} has no vocab.json or tokenizer.json; copy"):
+        Tokenizer.from_dir(str(tmp_path))
+
+
+@pytest.mark.parametrize("line", ["Ġt", "Ġ t h", "Ġ  t"], ids=["one part", "three parts", "two spaces"])
+def test_a_merge_line_of_other_than_two_tokens_is_damaged(from_files, tmp_path, line):
+    """"Ġt" and "Ġ t h" join to a token of the vocabulary, but a merge is of two: such a file, copied at the next
+    save, is one the `tokenizers` library cannot read. Two spaces between the parts are still two parts."""
+    _, d = from_files
+    merges = open(f"{d}/merges.txt", encoding="utf-8").read().splitlines()
+    assert merges[1] == "Ġ t"
+    (tmp_path / "vocab.json").write_text(open(f"{d}/vocab.json", encoding="utf-8").read(), encoding="utf-8")
+    vocab = _vocab(d)
+    if line == "Ġ t h":  # "Ġth" is a token of its own: make it merge 0's token for the test
+        vocab["Ġth"], vocab["Ġt"] = vocab["Ġt"], vocab["Ġth"]
+        (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("\n".join([merges[0], line] + merges[2:3]), encoding="utf-8")
+    if line == "Ġ  t":
+        assert Tokenizer.from_dir(str(tmp_path)).encode(" t") == [256]
+        return
+    with pytest.raises(ValueError, match=r"merges.txt: merge 0 \(" + line + r"\) does not create token 256"):
+        Tokenizer.from_dir(str(tmp_path))
+
+
+def test_blank_lines_in_merges_are_skipped(from_files, tmp_path):
+    """An editor's blank lines (between merges, at the end, CRLF ones) are no merge: the file reads as it was."""
+    tok, d = from_files
+    merges = open(f"{d}/merges.txt", encoding="utf-8").read().splitlines()
+    (tmp_path / "vocab.json").write_text(open(f"{d}/vocab.json", encoding="utf-8").read(), encoding="utf-8")
+    (tmp_path / "merges.txt").write_bytes(("\r\n".join(merges[:3] + ["", "  "] + merges[3:]) + "\r\n\r\n").encode())
+    got = Tokenizer.from_dir(str(tmp_path))
+    assert got.merges == tok.merges and got.encode(LINES[1]) == tok.encode(LINES[1])
+
+
+def test_a_vocabulary_in_any_key_order_saves_merges_in_id_order_and_loads_back(from_files, tmp_path):
+    """A tokenizer.json lists its tokens in any order: the merges worked out at save are written in id order (merge i
+    makes token 256 + i), so that the saved files load back, to the same ids (GPT-2's first 1000 tokens here)."""
+    tok, d = from_files
+    vocab = {t: i for t, i in _vocab(d).items() if i < 1000}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": dict(reversed(vocab.items()))}}))
+    got = Tokenizer.from_dir(str(tmp_path))
+    assert got.merges is None and list(got.ranks.values())[0] == 999 and got.eos_token_id == 1000
+    (tmp_path / "saved").mkdir()
+    got.save(str(tmp_path / "saved"))
+    back = Tokenizer.from_dir(str(tmp_path / "saved"))
+    assert back.merges == tok.merges[:1000 - 256] and back.ranks == got.ranks and back.eos_token_id == 1000
+    assert _vocab(tmp_path / "saved") == {**vocab, "<|endoftext|>": 1000}
+    assert all(back.encode(text) == got.encode(text) for text in TEXTS) and got.encode(" the") == [262]
+
+
+def test_decode_takes_any_iterable_of_ids():
+    """Callers hand over lists, tuples, generators and numpy arrays of ids."""
+    tok = Tokenizer.gpt2()
+    ids = tok.encode("Hello world")
+    assert tok.decode(tuple(ids)) == tok.decode(i for i in ids) == tok.decode(np.array(ids)) == "Hello world"
+    assert tok.decode([]) == "" and tok.decode([tok.eos_token_id]) == "<|endoftext|>"
 
 
 if __name__ == "__main__":

@@ -93,6 +93,9 @@ class Tokenizer:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError: a ValueError
             raise ValueError(f"{source} is damaged: not a GPT-2 vocabulary (a JSON object of byte-level tokens, "
                              "the 256 single bytes among them, and the ids 0, 1, 2, ...)") from None
+        if vocab.get(EOS, len(ranks)) != len(ranks):  # else its id would silently move to the one after the tokens
+            raise ValueError(f"{source} is damaged: {EOS} has id {vocab[EOS]}, not {len(ranks)}, the id after its "
+                             f"{len(ranks)} tokens, the only place a GPT-2 vocabulary has it")
         merges_file = os.path.join(path, "merges.txt")
         if os.path.exists(merges_file):  # ids-as-ranks is exact only if merge i made token 256 + i
             try:
@@ -101,7 +104,7 @@ class Tokenizer:
             except ValueError:  # not UTF-8
                 raise ValueError(f"{merges_file} is damaged (not UTF-8 text)") from None
             for i, merge in enumerate(merges):
-                if vocab.get("".join(merge)) != 256 + i:
+                if len(merge) != 2 or vocab.get("".join(merge)) != 256 + i:  # a merge joins two tokens
                     raise ValueError(f"{merges_file}: merge {i} ({' '.join(merge)[:40]}) does not create token "
                                      f"{256 + i}; the file is damaged, or not of a GPT-2-style vocabulary (ids in "
                                      "merge order), the only kind supported")
