@@ -25,7 +25,7 @@ EVAL = ["eval_reward", "eval_reward_P", "eval_reward_A", "eval_P_invalid", "eval
 
 
 def load_metrics(path):
-    """The rows of a run's metrics.jsonl (path: the file or the run directory), in step order. A last
+    """The rows of a run's metrics.jsonl (path: the file or the run directory), in step order, one per step. A last
     line cut off by a killed run is skipped; any other bad line is an error naming it."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
@@ -42,7 +42,15 @@ def load_metrics(path):
                          "mend or remove that row")
     if not rows:
         raise ValueError(f"{path} is empty: the run logged no step yet")
-    return sorted(rows, key=lambda r: r["step"])
+    if any("prompt" in r for r in rows):  # samples.jsonl: several completions a step, no metric
+        raise ValueError(f"{path} holds completions, not metrics: it is a run's samples.jsonl; pass the run directory "
+                         "or its metrics.jsonl")
+    latest = {r["step"]: r for r in rows}  # a step logged twice (a resume that did not cut the log back): its later row
+    if len(latest) < len(rows):
+        n = len(rows) - len(latest)
+        print(f"{path}: {n} row{'s' * (n > 1)} repeat{'s' * (n == 1)} an earlier step (a resumed run); the later row "
+              "of each step is used", file=sys.stderr)
+    return sorted(latest.values(), key=lambda r: r["step"])
 
 
 def mean_of(rows, key):
@@ -154,6 +162,9 @@ def main(argv=None):
             written = plots.write_run_plots(runs, out)
         except OSError as e:  # a file where a folder should be, a read-only folder, a full disk
             sys.exit(f"analyze_metrics.py: cannot write the plots to {out}: {e.strerror or e}; pick another --out")
+        if not written:  # --plot asked for, and no PNG: say so rather than end as if it were done
+            print(f"analyze_metrics.py: no plot written: {'no run logs' if len(runs) > 1 else 'the run logs no'} "
+                  "value any plot shows", file=sys.stderr)
         for path in written:
             print(f"wrote {path}")
 

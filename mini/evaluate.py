@@ -339,12 +339,14 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
     was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
     from the cached evals."""
-    fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and v > 0,
+    fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and 0 < v <= sys.maxsize,
               "shaping": lambda v: isinstance(v, str), "samples": list_of(report_sample)}
     reports = [load_report(p, fields, "evaluate.py") for p in (before_json, after_json)]
+    optional = {"pad": lambda v: type(v) is int and v in PAD_WIDTHS,  # older reports have neither: 90, not recorded
+                "max_new_tokens": lambda v: type(v) is int and v > 0}
     for path, r in zip((before_json, after_json), reports):
-        if "pad" in r and not (type(r["pad"]) is int and r["pad"] in PAD_WIDTHS):  # older reports have none: 90
-            raise ValueError(f"{path}: its 'pad' is {json.dumps(r['pad'])[:40]}, which no evaluate.py report holds")
+        for key in (k for k, ok in optional.items() if k in r and not ok(r[k])):
+            raise ValueError(f"{path}: its {key!r} is {json.dumps(r[key])[:40]}, which no evaluate.py report holds")
     if [s["prompt"] for s in reports[0]["samples"]] != [s["prompt"] for s in reports[1]["samples"]]:
         raise ValueError("the two reports were not made on the same prompts; evaluate both with the same --data and --n")
     if reports[0]["shaping"] != reports[1]["shaping"]:  # eval_reward is another function under another shaping
@@ -391,6 +393,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.plot and not args.compare:
         p.error("--plot goes with --compare BEFORE AFTER")
+    if args.out and args.compare:  # else no file at all where one was asked for
+        p.error("--out names an evaluation's report; --compare writes none (it prints its table; --plot PNG draws it)")
     if args.compare:
         if args.plot and any(os.path.realpath(args.plot) == os.path.realpath(r) for r in args.compare):
             p.error(f"--plot {args.plot} would draw over a report it compares; give the plot a file of its own")
@@ -441,6 +445,8 @@ def main(argv=None):
                                progress=True, compile_decode=args.compile_decode)
     except (LoadError, OSError, ValueError) as e:
         sys.exit(f"evaluate.py: {error_sentence(e)}")
+    except KeyboardInterrupt:  # Ctrl-C in the minutes of generation: one sentence, not a traceback
+        sys.exit(f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}")
     seconds = time.perf_counter() - t0
     engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
     if reason:

@@ -260,5 +260,36 @@ def test_a_whole_number_past_a_floats_range_is_no_value(tmp_path, capsys):
     assert out.splitlines()[4].split() == ["2-2", "0.500", "60.000"]
 
 
+
+def test_a_step_logged_twice_counts_once_with_its_later_row(tmp_path, capsys):
+    """A resume that did not cut metrics.jsonl back (an older version, a copied log) leaves steps logged twice: the
+    later row (the resumed run's) is the step's, so the step count, the windows and the warnings are the run's."""
+    run = write_run(tmp_path, [{"step": 1, "kl": 1.0}, {"step": 2, "kl": 9.0}, {"step": 3, "kl": 9.0},
+                               {"step": 2, "kl": 2.0}, {"step": 3, "kl": 3.0}])
+    assert [(r["step"], r["kl"]) for r in am.load_metrics(run)] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    am.main([run, "--windows", "1"])
+    out, err = capsys.readouterr()
+    assert out.startswith("3 steps\n") and out.splitlines()[3].split() == ["1-3", "2.000"]
+    assert "2 rows repeat an earlier step (a resumed run); the later row of each step is used" in err
+
+
+def test_a_plot_of_a_run_with_no_plotted_value_says_none_was_written(tmp_path, capsys):
+    """--plot of a run whose rows hold only their steps draws no figure: a sentence says so, where it ended as if done."""
+    pytest.importorskip("matplotlib")
+    run = write_run(tmp_path / "run", [{"step": 1}, {"step": 2}])
+    am.main([run, "--plot", "--out", str(tmp_path / "plots")])
+    err = capsys.readouterr().err
+    assert "no plot written: the run logs no value any plot shows" in err and not os.listdir(tmp_path / "plots")
+
+
+def test_a_runs_samples_jsonl_is_named_not_summarised(tmp_path):
+    """samples.jsonl (rows with a step too, several a step) given for metrics.jsonl: one sentence, not a summary of
+    steps with no metric (nor a warning of repeated steps)."""
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"step": 1, "task": "P", "prompt": "P: x", "completion": "y", "reward": 0.5})
+                            + "\n" for _ in range(3)))
+    with pytest.raises(SystemExit, match="samples.jsonl holds completions, not metrics: it is a run's samples.jsonl"):
+        am.main([str(path)])
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

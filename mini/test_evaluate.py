@@ -660,11 +660,13 @@ def test_paired_bootstrap_equals_a_plain_loop_over_the_same_draws():
 
 
 def test_compare_refuses_a_report_whose_padding_or_size_no_report_holds(tmp_path):
-    """A report's pad is 89 or 90 (formats.PAD_WIDTHS), its n_per_task a positive integer: another value is named
+    """A report's pad is 89 or 90 (formats.PAD_WIDTHS), its n_per_task a positive integer that a slice takes (10**30
+    was islice's error), its max_new_tokens a positive integer ("96" was 'cut at 96 and 96'): another value is named
     in one sentence."""
     samples = ev.held_out_samples(1)
     good = write_report(tmp_path / "good.json", samples, ["garbage"] * 2)
-    for key, value in (("pad", 91), ("pad", "89"), ("n_per_task", 0), ("n_per_task", True)):
+    for key, value in (("pad", 91), ("pad", "89"), ("n_per_task", 0), ("n_per_task", True),
+                       ("n_per_task", 10**30), ("max_new_tokens", "96"), ("max_new_tokens", 0)):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**json.loads(open(good).read()), key: value}))
         with pytest.raises(ValueError, match=re.escape(f"{bad}: its {key!r} is {json.dumps(value)}, which no ")):
@@ -777,6 +779,30 @@ def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket
     assert [stored.index(s) for s in taken] == sorted(stored.index(s) for s in taken)
     assert [s for s in ev.held_out_samples(600, path=REAL_EVAL_PATH) if s.task == "A"] == stored
 
+
+
+def test_ctrl_c_during_the_generation_is_one_sentence_and_writes_no_report(snapshot, tmp_path, monkeypatch):
+    """Ctrl-C in the minutes of generation ends with a sentence that says no report was written, not a traceback."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ev, "complete", interrupted)
+    out = tmp_path / "r.json"
+    try:
+        ev.main(["--model_path", snapshot, "--n", "1", "--device", "cpu", "--out", str(out)])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole pytest session
+        pytest.fail("Ctrl-C during the generation ended in a traceback")
+    except SystemExit as e:
+        assert str(e) == f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}"
+    else:
+        pytest.fail("the evaluation went on after Ctrl-C")
+    assert not out.exists()
+
+
+def test_out_with_compare_is_refused_not_ignored(tmp_path, capsys):
+    """--compare writes no report: an --out given with it was ignored, and the file asked for never came."""
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "c.json")])
+    assert e.value.code == 2 and "--out names an evaluation's report; --compare writes none" in capsys.readouterr().err
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
