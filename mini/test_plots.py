@@ -4,6 +4,7 @@ overlaid, absent keys skipped, the rolling mean, and compare_bars on evaluate.co
     python mini/test_plots.py
 """
 import json
+import os
 import sys
 
 import pytest
@@ -13,6 +14,8 @@ from mini.config import EVAL_PATH
 
 pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
 from mini import plots  # noqa: E402  (after the skip: it needs matplotlib)
+from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
 
 
 def synthetic_rows(n=20, shift=0.0, evals=True):
@@ -36,6 +39,12 @@ def titles(fig):
 
 def line_labels(ax):
     return [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
+def png_size(path):
+    """(width, height) in pixels, from a PNG's IHDR chunk."""
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def test_rolling_mean():
@@ -225,6 +234,65 @@ def test_a_null_a_string_or_a_true_is_no_value_in_any_panel():
     assert list(kl.get_lines()[0].get_xdata()) == [2]
     top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band: from generate's 1, 0, 3 to totals 1, 2, 7
     assert {tuple(v) for v in top.tolist()} == {(1.0, 1.0), (2.0, 0.0), (3.0, 3.0), (3.0, 7.0), (2.0, 2.0)}
+
+
+def test_an_overlaid_run_without_a_key_has_no_line_and_no_time_panel():
+    """Runs overlaid where one logged no KL and no time_*: the KL panel draws the other run alone (no empty line,
+    no legend entry), and the time panels are the timed run's only."""
+    bare = [{"step": s, "reward_mean": 0.1} for s in (1, 2)]
+    fig = plots.training_figure({"run-a": synthetic_rows(), "run-b": bare})
+    kl = fig.axes[titles(fig).index("KL to the start model")]
+    assert line_labels(kl) == ["run-a"] and len(kl.get_lines()) == 1
+    assert [t for t in titles(fig) if t.startswith("seconds")] == ["seconds per phase: run-a"]
+    time_ax = fig.axes[-1]
+    assert time_ax.get_ylabel() == "seconds"
+    assert [to_rgba(band.get_facecolor()[0]) for band in time_ax.collections] == [to_rgba(f"C{i}") for i in range(4)]
+
+
+def test_the_values_under_a_rolling_mean_are_faint():
+    (ax,) = plots.training_figure({"solo": [{"step": s, "reward_mean": 0.01 * s} for s in range(1, 21)]}).axes
+    faint, bold = ax.get_lines()
+    assert faint.get_alpha() == pytest.approx(0.3) and bold.get_alpha() is None
+    assert list(faint.get_ydata()) == pytest.approx([0.01 * s for s in range(1, 21)])
+
+
+def test_a_flat_line_at_a_large_level_gets_a_readable_span():
+    """Float noise is relative to the level: grad norm 1000 +- 1e-4 is flat, drawn within 5% of its level."""
+    flat = [{"step": s, "grad_norm": 1000 + 1e-4 * (s % 2)} for s in range(1, 11)]
+    (ax,) = plots.training_figure({"solo": flat}).axes
+    assert ax.get_ylim() == pytest.approx((950.0, 1050.0001))
+
+
+def test_write_run_plots_puts_each_prefix_in_its_png_at_80_dpi(tmp_path):
+    """eval.png holds the eval_* panels and chess.png the chess_* ones; every PNG is drawn at DPI (80) dots per inch
+    of its figure, so its pixels follow the panel count."""
+    rows = [{"step": s, "kl": 0.1 * s, "eval_reward": 0.3, "eval_P_invalid": 0.1, "chess_mate_acc": 0.02} for s in (1, 2)]
+    written = plots.write_run_plots({"solo": rows}, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in written) == ["chess.png", "eval.png", "train.png"]
+    assert titles(written[str(tmp_path / "eval.png")]) == ["eval_reward", "eval_P_invalid"]
+    assert titles(written[str(tmp_path / "chess.png")]) == ["chess_mate_acc"]
+    assert png_size(tmp_path / "train.png") == (round(4.2 * 80), round(2.9 * 80))
+    assert png_size(tmp_path / "eval.png") == (round(2 * 3.2 * 80), round(2.4 * 80))
+
+
+def test_compare_bars_labels_title_layout_and_size(tmp_path):
+    """Each panel's label: the signed change, its interval and n; the figure's title: the reports compared, then
+    what the bars mean; six metrics in rows of five; the before bar grey (C7), the after bar C0; 80 dpi."""
+    rows = {f"m{i}": (0.16, 0.035, -0.125, -0.175, -0.08, 200) for i in range(5)}
+    rows["m5"] = (0.074, 0.278, 0.204, 0.164, 0.244, 400)
+    fig = plots.compare_bars(rows, str(tmp_path / "c.png"), title="before.json -> after.json")
+    assert fig.axes[0].get_xlabel() == "-0.125 [-0.175, -0.080] *, n=200"
+    assert fig.axes[5].get_xlabel() == "+0.204 [+0.164, +0.244] *, n=400"
+    assert fig.get_suptitle() == ("before.json -> after.json\n"
+                                  "change with its 95% paired bootstrap interval (* excludes 0)")
+    assert tuple(fig.get_size_inches()) == pytest.approx((5 * 2.8, 2 * 2.5))
+    assert [ax.get_subplotspec().rowspan.start for ax in fig.axes] == [0, 0, 0, 0, 0, 1]
+    bars = fig.axes[0].containers[0]
+    assert [to_rgba(b.get_facecolor()) for b in bars] == [to_rgba("C7"), to_rgba("C0")]
+    assert png_size(tmp_path / "c.png") == (round(5 * 2.8 * 80), round(2 * 2.5 * 80))
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)  # titles and labels kept apart
+    untitled = plots.compare_bars({"m": rows["m5"]}, str(tmp_path / "u.png"))
+    assert untitled.get_suptitle() == "change with its 95% paired bootstrap interval (* excludes 0)"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ the one-sentence error of a missing package, W&B offline where wandb is installe
 import glob
 import math
 import os
+import pathlib
 import sys
+import threading
 import types
 
 import numpy as np
@@ -57,6 +59,13 @@ def test_markdown_table_keeps_a_completion_in_its_cell():
     assert lines[1] == "|---|---|---|---|---|"  # a separator cell per column, or markdown shows no table
     assert "M: a1a2 \\| b B: a1a2" in lines[2] and lines[2].endswith("| 0.600 |")
     assert markdown_table([{"step": 3, "task": "A"}]).splitlines()[2] == "| 3 | A |  |  |  |"  # a missing cell is empty
+
+
+def test_markdown_table_keeps_a_carriage_return_in_its_cell():
+    """Markdown (and TensorBoard's renderer) ends a row at a lone \\r as at a \\n: a completion holding one would
+    spill its tail into a new row of the table."""
+    table = markdown_table([{"step": 1, "task": "P", "prompt": "a", "completion": "x\ry\r\nz", "reward": 0.5}])
+    assert table.splitlines()[2] == "| 1 | P | a | x y  z | 0.500 |"  # splitlines splits at \\r as markdown does
 
 
 def test_tensorboard_event_file(tmp_path):
@@ -225,10 +234,11 @@ def test_chess_keys_are_held_out_and_flags_are_not_scalars():
 
 
 def test_tensorboard_gets_the_config_once(tmp_path):
-    """The run's config is written as text at the first step logged (the dashboard's record of the settings)."""
+    """The run's config is written as text at the first step logged (the dashboard's record of the settings), a
+    value JSON has no type for (a path) as its text, not a TypeError at the first step."""
     pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    r = make_reporter("tensorboard", str(tmp_path), {"lr": 2e-5, "run_name": "cfg-run"})
+    r = make_reporter("tensorboard", str(tmp_path), {"lr": 2e-5, "run_name": "cfg-run", "log_dir": pathlib.Path("x")})
     r.log(4, {"kl": 0.5})
     r.log(5, {"kl": 0.25})
     r.close()
@@ -236,7 +246,47 @@ def test_tensorboard_gets_the_config_once(tmp_path):
     ea.Reload()
     (text,) = ea.Tensors("config/text_summary")
     assert text.step == 4 and '"run_name": "cfg-run"' in text.tensor_proto.string_val[0].decode()
+    assert '"log_dir": "x"' in text.tensor_proto.string_val[0].decode()  # a value JSON has no type for, as its text
     assert [(e.step, e.value) for e in ea.Scalars("mini/kl")] == [(4, 0.5), (5, 0.25)]
+
+def test_wandb_gets_the_dashboard_names_and_a_missing_cell_is_null(tmp_path, monkeypatch):
+    """W&B charts the same tags as TensorBoard (train/<TRL name>, mini/, eval/); a sample without a column gets a null
+    cell, not '' (text in the numeric reward column, which a wandb.Table refuses)."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    r = make_reporter("wandb", str(tmp_path / "demo"), {})
+    r.log(1, ROWS[0])
+    r.log_samples(1, [{"step": 1, "task": "P", "prompt": "p", "completion": "c"}])
+    r.close()
+    assert fake.runs[0].rows == [dashboard_scalars(ROWS[0]), {"completions": [
+        {"step": 1, "task": "P", "prompt": "p", "completion": "c", "reward": None}]}]
+    assert fake.runs[0].rows[0]["train/reward"] == 0.25 and fake.runs[0].rows[0]["eval/eval_reward"] == 0.3
+
+
+def test_a_package_that_fails_to_import_is_one_sentence(tmp_path, monkeypatch):
+    """An installed package whose import fails (a plain ImportError: a missing shared library) is the same one
+    sentence as a missing one, not a traceback."""
+    (tmp_path / "wandb.py").write_text('raise ImportError("libfoo.so: cannot open shared object file")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    with pytest.raises(ValueError) as e:
+        make_reporter("wandb", str(tmp_path / "run"), {})
+    assert str(e.value) == '--report_to wandb needs the wandb package: pip install -e ".[wandb]"'
+
+
+def test_tensorboard_close_stops_its_writer_thread(tmp_path):
+    """A closed reporter leaves no writer thread running, nor does the writer a rollback replaces: a long process (a
+    sweep of runs, a rollback each) would otherwise pile up one per writer made."""
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
+    before = set(threading.enumerate())
+    r = make_reporter("tensorboard", str(tmp_path), {})
+    r.log(1, {"kl": 1.0})
+    assert set(threading.enumerate()) - before  # the check sees the writer's thread while it is open
+    r.rewind(0)
+    r.log(1, {"kl": 2.0})
+    r.close()
+    assert [t for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
