@@ -281,10 +281,11 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
         tokenizer.save(tmp)
-        for name in os.listdir(tmp):  # load_model verifies them
-            write_checksum(os.path.join(tmp, name))
-        for name in os.listdir(tmp):  # on the disk before the rename makes them the snapshot
+        # each file on the disk before the rename makes it the snapshot, and its .sha256 (which load_model
+        # verifies) beside it: write_checksum syncs that one itself
+        for name in os.listdir(tmp):
             fsync_path(os.path.join(tmp, name))
+            write_checksum(os.path.join(tmp, name))
         fsync_path(tmp)
     except BaseException:  # a full disk: no half-written snapshot left behind
         shutil.rmtree(tmp, ignore_errors=True)

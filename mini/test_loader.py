@@ -248,8 +248,8 @@ def test_a_snapshot_reaches_the_disk_before_its_rename_and_the_rename_after(snap
     save_model(snapshot[0], Tokenizer.gpt2(), out)
     move_in = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2] == out)
     tmp = events[move_in][1]
-    synced = {os.path.relpath(e[1], tmp): e[2] for e in events[:move_in] if e[0] == "fsync" and e[1].startswith(tmp)
-              and not e[1].endswith(".sha256.tmp")}  # write_checksum syncs its .tmp before its own rename
+    synced = {os.path.relpath(e[1], tmp).removesuffix(".tmp"): e[2]  # write_checksum syncs its .tmp, then renames
+              for e in events[:move_in] if e[0] == "fsync" and e[1].startswith(tmp)}
     assert set(synced) == {".", *os.listdir(out)}  # every file, and the folder that lists them
     assert synced["model.safetensors"] == os.path.getsize(os.path.join(out, "model.safetensors"))  # whole
     assert ("fsync", str(tmp_path)) in [e[:2] for e in events[move_in:]]
