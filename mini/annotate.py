@@ -7,6 +7,7 @@ A quick search screens out most lopsided positions (beyond --max_eval pawns one 
 Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes where it stopped.
 """
 import argparse
+import codecs
 import contextlib
 import itertools
 import json
@@ -26,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
-from mini.flags import Parser, Switch, error_sentence
+from mini.flags import Parser, Switch, error_sentence, regular_file
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
@@ -224,7 +225,7 @@ def read_pgn(paths):
     position (puzzles, studies), a move or a game python-chess cannot read, a null move, no moves)."""
     games, skipped = [], Counter()
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:  # python-chess drops a byte-order mark itself
+        with open(regular_file(path), encoding=pgn_encoding(path), errors="replace") as f:
             while True:
                 try:
                     game = chess.pgn.read_game(f, Visitor=_QuietGameBuilder)
@@ -238,6 +239,20 @@ def read_pgn(paths):
                 else:
                     games.append(([m.uci() for m in moves], game.headers.get("Result", "*")))
     return games, skipped
+
+
+def pgn_encoding(path):
+    """UTF-16 where the file opens with its byte-order mark (an export of some Windows programs), else UTF-8
+    (python-chess drops a UTF-8 byte-order mark itself); ValueError for a file that is not text, which would read
+    as one game without moves."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    if b"\0" in head:
+        raise ValueError(f"{path} is not a text PGN file (it holds NUL bytes: UTF-16 without its byte-order "
+                         "mark, or binary); save the games as UTF-8 PGN text")
+    return "utf-8"
 
 
 STANDARD_NAMES = {name.lower() for name in chess.Board.aliases}  # "Standard", "Normal", "From Position", ...
@@ -264,7 +279,7 @@ def build_from_pgn(a):
     t0 = time.time()
     try:
         games, skipped = read_pgn(a.pgn)
-    except OSError as e:  # a file that cannot be read (its existence was checked with the flags)
+    except (OSError, ValueError) as e:  # a file that cannot be read, or is not text (its existence was checked)
         sys.exit(f"annotate.py --pgn: {error_sentence(e)}")
     said = "; skipped " + ", ".join(f"{n} {why}" for why, n in skipped.items()) if skipped else ""
     if not games:
@@ -401,12 +416,13 @@ def main(argv=None):
         return
     a.argv = sys.argv[1:] if argv is None else argv
     if a.pgn:
-        clash = [f"--{k}" for k in ("games", "mates", "pool_path") if getattr(a, k) != p.get_default(k)]
+        clash = [f"--{k}" for k in ("games", "mates", "pool", "pool_path") if getattr(a, k) != p.get_default(k)]
         if clash:
             p.error(f"--pgn writes a held-out set of the games given: leave out {', '.join(clash)}")
         for path in a.pgn:
             if not os.path.isfile(path):
-                p.error(f"--pgn {path}: {'a folder' if os.path.isdir(path) else 'no such file'}; give PGN files of games")
+                kind = "a folder" if os.path.isdir(path) else "not a regular file" if os.path.exists(path) else "no such file"
+                p.error(f"--pgn {path}: {kind}; give PGN files of games")
             for flag, out in (("--eval_path", a.eval_path), ("--cache", a.cache)):  # else the user's games are lost
                 if out and os.path.realpath(out) == os.path.realpath(path):
                     p.error(f"{flag} {out} is also a PGN file of --pgn: it would be written over; give it a file of "
@@ -433,8 +449,9 @@ def main(argv=None):
     except FileNotFoundError as e:
         p.error(str(e))
     if a.mates:
-        if not a.pool_path or a.games:
-            p.error("--mates writes a training pool of its own: give it --pool_path PATH, and no --games")
+        if not a.pool_path or a.games or a.eval != p.get_default("eval") or a.eval_path:  # else silently unused
+            p.error("--mates writes a training pool of its own: give it --pool_path PATH (and --pool N), and no "
+                    "--games, --eval or --eval_path")
         return build_mate_pool(a)
     if a.pgn:
         a.eval_path = a.eval_path or PGN_EVAL_PATH
@@ -463,4 +480,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # hours of analyses: those done are kept, one line per position, as they come
+        sys.exit("annotate.py: interrupted (Ctrl-C) before its files were written; the analyses done so far are in "
+                 "the --cache file, if one was given, and a rerun with the same flags reads them back")

@@ -7,13 +7,11 @@ values let --compare pair two reports with bootstrap intervals; the README defin
     python mini/chess_eval.py --compare before.json after.json               # paired 95% intervals
     python mini/chess_eval.py --build_mates --n 1000 --seed 0                # regenerate mini/data/mate_in_one.jsonl
 """
-import contextlib
 import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 
@@ -23,7 +21,8 @@ import chess.engine
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
 from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
 from mini.dataset import shipped_keys
-from mini.evaluate import dict_of, finite, list_of, load_report, number, paired_bootstrap, report_path, save_report
+from mini.evaluate import (dict_of, finite, list_of, load_report, number, paired_bootstrap, report_path, save_or_spare,
+                           save_report)
 from mini.formats import env_label, env_prompt, legal_ucis, parse_env, policy_prompt
 from mini.games import (OPENINGS, eval_mates, game_outcome, game_starts, in_batches, load_mates, mean, model_player,
                         opening_board, policy_move, policy_turn, self_play, selfplay_summary, selfplay_values)
@@ -37,26 +36,14 @@ from mini.stockfish import (BLUNDER_CP, ENGINE_NAMES, Annotator, EngineFailure, 
 # ----------------------------------------------------------------------------- 1. mate in one
 
 def write_mates(path, records, meta):
-    """The mate file, written to path.tmp, then renamed. A write that fails (a full disk) leaves the file there as
-    it was, and the positions (minutes of play) in a spare file that one sentence names."""
+    """The mate file, or a spare file that one sentence names when the write fails (save_or_spare): the file
+    there stays as it was, and the positions (minutes of play) are kept."""
     def write(target):
         with open(target, "w", encoding="utf-8") as f:
             f.write(json.dumps({"meta": meta}) + "\n")
             for r in records:
                 f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    tmp = path + ".tmp"
-    try:
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-    except OSError as e:
-        fd, spare = tempfile.mkstemp(prefix="mate_in_one-", suffix=".jsonl")
-        os.close(fd)
-        write(spare)
-        sys.exit(f"chess_eval.py: could not write {path} ({e.strerror or e}); the positions are in {spare}")
+    save_or_spare(path, write, "chess_eval.py", kept="the positions are")
 
 
 # ----------------------------------------------------------------------------- 2. move quality
@@ -404,6 +391,8 @@ def main(argv=None):
         report = run_suite(greedy, sampler, a)
     except (LoadError, OSError, ValueError, EngineFailure) as e:
         sys.exit(f"chess_eval.py: {error_sentence(e)}")
+    except KeyboardInterrupt:  # minutes of games: one sentence, not a traceback
+        sys.exit(f"chess_eval.py: interrupted (Ctrl-C) before the suite ended; no report was written to {out}")
     settings = dict(vars(a), engine=report.pop("engine", None))  # the Stockfish that judged or played, if one did
     report = {"suite": "chess", "model_path": a.model_path, "settings": settings,
               "total_seconds": time.perf_counter() - t0, **report}
@@ -414,7 +403,10 @@ def main(argv=None):
 
 def build_command(a, argv):
     t0 = time.time()
-    records = build_mates(a.n, a.seed, exclude=shipped_keys())
+    try:
+        records = build_mates(a.n, a.seed, exclude=shipped_keys())
+    except KeyboardInterrupt:  # minutes of games played
+        sys.exit(f"chess_eval.py: interrupted (Ctrl-C) before the positions were found; {a.mates_path} is unchanged")
     phases = Counter(r["phase"] for r in records)
     meta = {"n": len(records), "seed": a.seed, "generator": "mini.positions.build_mates (positions.play games, "
             "up to 2 mate-in-one positions a game, none in pool.jsonl or eval.jsonl)",

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
-from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
+from mini.flags import Parser, Switch, error_sentence, regular_file, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import SNAPSHOT_FILES, LoadError, load_model
@@ -281,31 +281,40 @@ def report_path(parser, out, model_path, name, inputs=()):
     return out
 
 
-def save_report(report, out, script):
-    """The report as JSON to out; when that fails (a full disk), to a temporary file instead, and the script
-    exits with one sentence that names both, so that the evaluation is not lost. Written to out.tmp, then renamed:
-    a write cut off (a full disk, Ctrl-C) leaves a report already at out whole."""
+def save_or_spare(out, write, script, kept="the report is"):
+    """write(path) to out.tmp, then renamed over out: a write cut off (a full disk, Ctrl-C) leaves a file already
+    at out whole. When that fails (a full disk), write(spare) to a temporary file instead, and the script exits
+    with one sentence that names both, so that the work (an evaluation, minutes of play) is not lost."""
     tmp = out + ".tmp"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         try:
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=1)
+            write(tmp)
             os.replace(tmp, out)
         finally:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
     except OSError as e:
-        fd, spare = tempfile.mkstemp(prefix=script.removesuffix(".py") + "-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
+        name, ext = os.path.splitext(os.path.basename(out))
+        fd, spare = tempfile.mkstemp(prefix=name + "-", suffix=ext)
+        os.close(fd)
+        write(spare)
+        sys.exit(f"{script}: could not write {out} ({e.strerror or e}); {kept} in {spare}")
+
+
+def save_report(report, out, script):
+    """The report as JSON to out, or to a spare file that the script's last sentence names (save_or_spare)."""
+    def write(path):
+        with open(path, "w") as f:
             json.dump(report, f, indent=1)
-        sys.exit(f"{script}: could not write {out} ({e.strerror or e}); the report is in {spare}")
+    save_or_spare(out, write, script)
 
 
 def load_report(path, fields, script):
     """The JSON report in path as script (evaluate.py, chess_eval.py) writes it: a dict holding each key of
     fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
     how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
+    regular_file(path)  # its own sentence, not "is not JSON"
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a report edited by hand may start with a BOM
             report = json.load(f)
@@ -412,6 +421,8 @@ def main(argv=None):
             rows = compare(*args.compare, engine=engine)
         except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {error_sentence(e)}")
+        except KeyboardInterrupt:  # --engine_quality searches each move: minutes
+            sys.exit("evaluate.py: interrupted (Ctrl-C) before the comparison ended")
         w = max(map(len, rows), default=6)  # the names' column as wide as the longest
         print(f"{'metric':{w}s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
@@ -443,18 +454,15 @@ def main(argv=None):
         t0 = time.perf_counter()
         completions = complete(model, tok, samples, args.max_new_tokens, args.batch_size, autocast(device, cfg),
                                progress=True, compile_decode=args.compile_decode)
-    except (LoadError, OSError, ValueError) as e:
-        sys.exit(f"evaluate.py: {error_sentence(e)}")
-    except KeyboardInterrupt:  # Ctrl-C in the minutes of generation: one sentence, not a traceback
-        sys.exit(f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}")
-    seconds = time.perf_counter() - t0
-    engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
-    if reason:
-        print(reason)
-    try:
+        seconds = time.perf_counter() - t0
+        engine, reason = engine_or_reason(args) if args.engine_quality else (None, None)
+        if reason:
+            print(reason)
         values = per_sample_values(samples, completions, args.shaping, engine)
-    except EngineFailure as e:  # --engine_quality with an engine that keeps failing
+    except (LoadError, OSError, ValueError, EngineFailure) as e:  # EngineFailure: an engine that keeps failing
         sys.exit(f"evaluate.py: {error_sentence(e)}")
+    except KeyboardInterrupt:  # Ctrl-C in the minutes of generation or scoring: one sentence, not a traceback
+        sys.exit(f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}")
     metrics = means(values)
     print(f"{'metric':28s} {'value':>9s} {'count':>6s}")
     for k, v in metrics.items():

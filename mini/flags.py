@@ -144,6 +144,14 @@ def problems(values, checks=None):
     return [p for p in out if p]
 
 
+def regular_file(path):
+    """path, unless it names a device or a pipe: ValueError in one sentence, since /dev/zero would be read forever
+    and a FIFO blocks its reader until a writer comes. A folder or a missing file is left to open()'s own error."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} is not a regular file (a device or a pipe); name a file")
+    return path
+
+
 def looks_like_path(name):
     """A hub id is owner/name; a path is absolute, relative (./, ../, ~), deeper, or starts at a local directory
     (logs/nope: logs exists here)."""
@@ -215,11 +223,13 @@ def unwritable_outputs(values, names=OUTPUT_FLAGS):
             out.append(f"--{name} {path}: {folder} is a file, not a folder; pick another path")
         elif not os.access(folder, os.W_OK | os.X_OK):
             out.append(f"--{name} {path}: {folder} cannot be written to; pick a folder you can write to")
-    for name in CACHE_FLAGS:  # written when used, so only a folder, or a file above it, is refused here
+    for name in CACHE_FLAGS:  # written when used: a folder, a device (/dev/null, no cache, is one) or a file above it
         path = values.get(name)
         if path and os.path.isdir(path):
             out.append(f"--{name} {path} is a folder; name a file, such as "
                        f"{os.path.join(path, 'stockfish.jsonl')}, or '' for no cache")
+        elif path and path != os.devnull and os.path.exists(path) and not os.path.isfile(path):  # /dev/zero: read
+            out.append(f"--{name} {path} is not a regular file (a device or a pipe); name a file, or '' for no cache")
         elif path and not os.path.isdir(nearest_folder(path)):
             out.append(f"--{name} {path}: {nearest_folder(path)} is a file, not a folder; pick another path")
     return out
@@ -262,7 +272,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(description=description, allow_abbrev=False, formatter_class=HelpFormatter, **kw)
         self.checks = checks  # {flag: (predicate, what it must be)} beyond the Config fields
         # "-1e-5", "-inf" and "-nan" are values, where argparse would take them for flags ("expected one argument")
-        self._negative_number_matcher = re.compile(r"^-(infinity|nan)$|^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf$",
+        self._negative_number_matcher = re.compile(r"^-(inf|infinity|nan)$|^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$",
                                                    re.IGNORECASE)
 
     def add_argument(self, *args, **kw):

@@ -89,9 +89,9 @@ def dashboard_scalars(row):
 
 
 def markdown_table(rows, columns=SAMPLE_COLUMNS):
-    """A markdown table of sample rows; | escaped and line breaks (\\n, \\r: markdown ends a row at either) made
-    spaces, so that a completion stays in its cell."""
-    cell = lambda v: (f"{v:.3f}" if isinstance(v, float) else str(v)).replace("|", "\\|").replace(
+    """A markdown table of sample rows; \\ and | escaped (a\\|b would end the cell at |) and line breaks (\\n, \\r:
+    markdown ends a row at either) made spaces, so that a completion stays in its cell."""
+    cell = lambda v: (f"{v:.3f}" if isinstance(v, float) else str(v)).replace("\\", "\\\\").replace("|", "\\|").replace(
         "\r", " ").replace("\n", " ")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows])

@@ -376,6 +376,9 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, eos_id=50
     if any(not 0 <= t < vocab for p in unique for t in p):
         raise ValueError(f"generate got a prompt token outside the model's vocabulary of {vocab}; "
                          "encode the prompts with the model's tokenizer")
+    if not 0 <= eos_id < vocab:  # it also pads the prompts: an embedding lookup past the table
+        raise ValueError(f"generate got eos_id {eos_id}, outside the model's vocabulary of {vocab}; pass the "
+                         "tokenizer's eos_token_id")
     if not prompts:
         return []
     ids, mask = pad_left([list(p) for p in unique], eos_id, device)  # (U, Tp)

@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -17,6 +18,7 @@ import chess
 import chess.engine
 from tqdm.auto import tqdm
 
+from mini.flags import regular_file
 from mini.formats import legal_ucis
 
 CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
@@ -157,9 +159,9 @@ def cp_loss(best_cp, move_cp, cap=CP_CAP):
 def read_jsonl(path, keys=()):
     """The records (dicts holding `keys`) of a JSONL cache; any other line is skipped, to be computed again: one
     cut short by an interrupted run, or damaged bytes."""
-    if not path or not os.path.exists(path):
+    if not path or path == os.devnull or not os.path.exists(path):  # /dev/null: a cache that keeps nothing
         return
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 r = json.loads(line)
@@ -232,6 +234,7 @@ class Annotator:
         self._read_move_cache()
         self.stats = {"hits": 0, "misses": 0, "rejected": 0, "seconds": 0.0}  # of evals_after, cumulative
         self.driver = None  # the background thread of submit(), started on first use
+        self.busy = set()  # the engines searching now, which Ctrl-C cuts off (_cut_off_on_ctrl_c)
         self.deadline, self.failed, self.closed = engine_deadline(self.limit, multipv), None, False
 
     def _start(self):
@@ -264,6 +267,9 @@ class Annotator:
                     raise self.failed
                 try:
                     engine = engine or self._start()
+                    self.busy.add(engine)
+                    if self.failed:  # Ctrl-C came after _cut_off_on_ctrl_c looked at the busy engines: not searched
+                        raise self.failed
                     return work(engine)
                 except (chess.engine.EngineError, CancelledError, TimeoutError) as e:
                     close_engine(engine, kill=True)
@@ -274,7 +280,22 @@ class Annotator:
                 "call); check the engine with that position, or point --stockfish_path at a working Stockfish")
             raise self.failed
         finally:
+            self.busy.discard(engine)
             self.idle.put(engine)
+
+    @contextlib.contextmanager
+    def _cut_off_on_ctrl_c(self):
+        """Inside a thread pool's `with`: on Ctrl-C the searches under way are cut off (their engines killed) and
+        those queued fail at once, so that the pool's shutdown, which waits for its threads, takes moments, not
+        every queued search (minutes at a deep limit)."""
+        try:
+            yield
+        except KeyboardInterrupt:  # failed is set before busy is read, and _with_engine adds before it reads failed
+            self.failed = EngineFailure("the searches were interrupted (Ctrl-C); make a new Annotator to search again")
+            for engine in list(self.busy):
+                with contextlib.suppress(Exception):  # already gone
+                    os.kill(engine.transport.get_pid(), signal.SIGKILL)
+            raise
 
     def _analyse(self, fen):
         return self._with_engine(lambda engine: self._search(engine, fen), fen)
@@ -307,7 +328,7 @@ class Annotator:
         both for the side to move, clipped to [0, cap] (a mate scores +-100000 cp, so a missed or allowed
         mate costs the cap). A move that is None, not UCI or illegal costs the cap. Returns one dict per
         pair: loss, best (Stockfish's move), best_cp and move_cp (None when the move was not searched)."""
-        with ThreadPoolExecutor(self.workers) as pool, \
+        with ThreadPoolExecutor(self.workers) as pool, self._cut_off_on_ctrl_c(), \
                 tqdm(total=len(pairs), desc="move loss", disable=len(pairs) < 100) as bar:
             out = []
             for record in pool.map(lambda pair: self._loss_record(pair, cap), pairs):
@@ -376,7 +397,7 @@ class Annotator:
                 self.stats["rejected"] += 1
             else:
                 todo.append(pair)
-        with ThreadPoolExecutor(self.workers) as pool:
+        with ThreadPoolExecutor(self.workers) as pool, self._cut_off_on_ctrl_c():
             done = list(pool.map(lambda pair: self._eval_after(*pair), todo))
         new = []
         for (fen, move), (cp, seconds) in zip(todo, done):
@@ -396,7 +417,7 @@ class Annotator:
     def annotate(self, fens):
         """{fen: (moves ranked PV1 first, evals)} for the given FENs."""
         todo = [f for f in dict.fromkeys(fens) if f not in self.cache]
-        with ThreadPoolExecutor(self.workers) as pool, \
+        with ThreadPoolExecutor(self.workers) as pool, self._cut_off_on_ctrl_c(), \
                 tqdm(total=len(todo), desc="stockfish", disable=len(todo) < 100) as bar:
             for fen, (moves, evals) in zip(todo, pool.map(self._analyse, todo)):
                 self.cache[fen] = (moves, evals)

@@ -1,10 +1,14 @@
 """Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
 import argparse
+import codecs
 import itertools
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import chess
 import chess.engine
@@ -363,6 +367,7 @@ def test_read_pgn_takes_any_text(tmp_path_factory, text):
                                          (["--transitions", "5"], "--transitions draw from played games"),
                                          ([], "--pgn games.pgn: no such file; give PGN files of games"),
                                          (["--pgn", "."], "--pgn .: a folder; give PGN files of games"),
+                                         (["--pgn", "/dev/null"], "--pgn /dev/null: not a regular file; give PGN files"),
                                          (["--eval_path", "./games.pgn"], "--eval_path ./games.pgn is also a PGN"),
                                          (["--cache", "games.pgn"], "--cache games.pgn is also a PGN file of --pgn")])
 def test_pgn_flags_that_cannot_apply_stop_before_any_work(flags, says, tmp_path, capsys, monkeypatch):
@@ -568,6 +573,19 @@ def test_read_pgn_reads_every_file_in_order_whatever_its_encoding(tmp_path):
     assert annotate.read_pgn([str(many)]) == ([(FOOLS_MATE_UCI, "0-1")] * 500, {})
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf_16_pgn_is_read_with_its_byte_order_mark_and_refused_without(tmp_path, encoding):
+    """Some Windows programs export UTF-16; read as UTF-8, the file was one game "without moves". With its
+    byte-order mark it is read; without one (or any file of NUL bytes) it is refused in one sentence."""
+    path, text = tmp_path / "g.pgn", '[Event "x"]\n[White "Réti"]\n\n' + FOOLS_MATE + "\n"
+    bom = {"utf-16": b"", "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE}[encoding]
+    path.write_bytes(bom + text.encode(encoding))
+    assert annotate.read_pgn([str(path)]) == ([(FOOLS_MATE_UCI, "0-1")], {})
+    path.write_bytes(text.encode("utf-16-le"))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is not a text PGN file \\(it holds NUL bytes"):
+        annotate.read_pgn([str(path)])
+
+
 def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed(tmp_path, capsys, monkeypatch):
     """--pgn without an engine (the labels stand in): of two files' games, --eval distinct P: positions among their
     23 plies, each with the moves that led there; --eval_transitions 10 is 3 per history bucket (9: no shortfall to
@@ -624,10 +642,14 @@ def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed
      "--cut_rate draw from played games: --mates plays none, leave them out"),
     (["--eval_games", "5"], "--eval_games draw from played games: give --games N too, or leave them out"),
     (["--mates", "--pool_path", "p.jsonl", "--games", "2"], "--mates writes a training pool of its own: give it "
-     "--pool_path PATH, and no --games")])
+     "--pool_path PATH (and --pool N), and no --games, --eval or --eval_path"),
+    (["--mates", "--pool_path", "p.jsonl", "--eval_path", "e.jsonl"], "and no --games, --eval or --eval_path"),
+    (["--mates", "--pool_path", "p.jsonl", "--eval", "5"], "and no --games, --eval or --eval_path"),
+    (["--pgn", "games.pgn", "--pool", "50"], "--pgn writes a held-out set of the games given: leave out --pool")])
 def test_flags_of_played_games_say_the_one_way_out(flags, says, tmp_path, capsys, monkeypatch):
     """--pgn and --mates refuse --games, so a flag of played games with them is to be left out; it said "give --games N
-    too", which the next run then refused."""
+    too", which the next run then refused. A flag the build would not read is refused too (--mates writes no
+    held-out set, --pgn no pool), where it was silently ignored."""
     monkeypatch.chdir(tmp_path)
     write_pgn(tmp_path / "games.pgn", ("", RUY_20))
     monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)  # no engine is started
@@ -718,6 +740,25 @@ def test_realistic_build_holds_out_what_training_reaches_without_an_engine(tmp_p
     main(["--games", "2", "--eval_games", "1", "--eval_transitions", "6", "--transitions", "4", "--cache", "",
           "--pool_path", str(pool), "--eval_path", str(ev)])
     assert sum("move" in r for r in read(pool)) == 4  # --transitions: at most that many
+
+
+@needs_stockfish
+def test_ctrl_c_during_the_analyses_is_one_sentence_and_keeps_them_in_the_cache(tmp_path, spawn):
+    """Hours of annotation end on Ctrl-C with a sentence, not a traceback: no data file is written, and the
+    analyses done so far stay in the cache that a rerun reads back."""
+    pool, cache = tmp_path / "p.jsonl", tmp_path / "c.jsonl"
+    proc = spawn([sys.executable, "-m", "mini.annotate", "--pool", "400", "--eval", "0", "--pool_path", str(pool),
+                  "--cache", str(cache), "--workers", "1", "--depth", "30", "--screen_depth", "30",
+                  "--stockfish_path", STOCKFISH], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (cache.exists() and cache.read_text().count("\n") >= 1) and time.time() < deadline:
+        time.sleep(0.2)  # the screen has written an analysis: the work is under way
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1].strip().splitlines()
+    assert proc.returncode == 1 and err[-1] == (
+        "annotate.py: interrupted (Ctrl-C) before its files were written; the analyses done so far are in the --cache "
+        "file, if one was given, and a rerun with the same flags reads them back"), err[-3:]
+    assert not any("Traceback" in line for line in err) and not pool.exists() and next(read_jsonl(str(cache)), None)
 
 
 if __name__ == "__main__":

@@ -559,6 +559,32 @@ def test_main_builds_a_greedy_player_and_a_sampler_from_the_flags(monkeypatch, t
     assert players == [("model", "tok", 0.0, 0, 4, 30, 8, "ctx"), ("model", "tok", 0.9, 7, 4, 30, 8, "ctx")]
 
 
+def interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stage", ["run_suite", "build_mates"])
+def test_ctrl_c_during_the_suite_or_the_mate_search_is_one_sentence_and_writes_nothing(monkeypatch, tmp_path, stage):
+    """Minutes of games end on Ctrl-C with a sentence that says what was not written, not a traceback."""
+    monkeypatch.setattr(ce, "load_model", lambda path, device: ("model", "tok"))
+    monkeypatch.setattr(ce, "model_player", lambda *a: a)
+    monkeypatch.setattr(ce, stage, interrupted)
+    out, mates = tmp_path / "chess.json", tmp_path / "mates.jsonl"
+    argv = (["--build_mates", "--mates_path", str(mates)] if stage == "build_mates" else
+            ["--model_path", os.path.join(ROOT, "mini", "data", "rookworld-8m"), "--out", str(out), "--device", "cpu"])
+    try:
+        ce.main(argv)
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole pytest session
+        pytest.fail(f"Ctrl-C during {stage} ended in a traceback")
+    except SystemExit as e:
+        assert str(e) == (f"chess_eval.py: interrupted (Ctrl-C) before the positions were found; {mates} is unchanged"
+                          if stage == "build_mates" else
+                          f"chess_eval.py: interrupted (Ctrl-C) before the suite ended; no report was written to {out}")
+    else:
+        pytest.fail(f"{stage} went on after Ctrl-C")
+    assert not out.exists() and not mates.exists()
+
+
 def test_compare_refuses_moves_judged_by_another_engine(tmp_path):
     """Centipawn losses from Stockfish 15.1 and 16 are not paired; reports without the name (older ones), or a
     section that needs no engine, are."""

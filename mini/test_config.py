@@ -32,6 +32,8 @@ BAD = [
     (["--data_source", "file", "--data_file", f"{POOL_PATH},/none.jsonl"], "--data_file /none.jsonl: no such file"),
     (["--data_source", "file", "--data_file", f"{POOL_PATH},"], "has an empty name between its commas"),
     (["--data_source", "file", "--data_file", "/dev/zero"], "--data_file /dev/zero is not a regular file (a device"),
+    (["--engine_cache", "/dev/zero"], "--engine_cache /dev/zero is not a regular file (a device or a pipe); name a "
+     "file, or '' for no cache"),  # read forever, as the cache is read back
     (["--data_source", "file", "--data_file", os.path.dirname(POOL_PATH)], "/data is a folder; name its JSONL files"),
     (["--sft_data_file", f",{POOL_PATH}", "--env_sft_coef", "1"], "--sft_data_file ',"),
     (["--k_samples", "1"], "--k_samples 1 must be at least 2"),
@@ -174,9 +176,11 @@ def test_an_output_path_that_cannot_be_written_stops_before_the_work(capsys, tmp
 
 def test_an_output_path_that_is_a_device_is_refused(capsys):
     """--out /dev/null: the report is written to /dev/null.tmp and renamed over it, which (as root) replaced the
-    device with a regular file; refused at parse time. A cache, appended to, may be one."""
-    assert flags.unwritable_outputs({"out": "/dev/null", "engine_cache": "/dev/null"}) == [
-        "--out /dev/null is not a regular file (a device or a pipe); name a file"]
+    device with a regular file; refused at parse time. A cache, appended to and read back, may be /dev/null (no
+    cache), and no other device: /dev/zero would be read forever."""
+    assert flags.unwritable_outputs({"out": "/dev/null", "engine_cache": "/dev/null", "cache": "/dev/zero"}) == [
+        "--out /dev/null is not a regular file (a device or a pipe); name a file",
+        "--cache /dev/zero is not a regular file (a device or a pipe); name a file, or '' for no cache"]
     err = one_line_exit(capsys, evaluate.main, ["--out", "/dev/null", "--model_path", "/nonexistent/model"])
     assert "--out /dev/null is not a regular file" in err, err
 

@@ -781,21 +781,39 @@ def test_fewer_realistic_transitions_than_the_set_come_from_every_history_bucket
 
 
 
-def test_ctrl_c_during_the_generation_is_one_sentence_and_writes_no_report(snapshot, tmp_path, monkeypatch):
-    """Ctrl-C in the minutes of generation ends with a sentence that says no report was written, not a traceback."""
-    def interrupted(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(ev, "complete", interrupted)
+def interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stage", ["complete", "per_sample_values"])
+def test_ctrl_c_during_the_generation_or_scoring_is_one_sentence_and_writes_no_report(snapshot, tmp_path, monkeypatch,
+                                                                                      stage):
+    """Ctrl-C in the minutes of generation, or of --engine_quality's searches, ends with a sentence that says no
+    report was written, not a traceback."""
+    monkeypatch.setattr(ev, stage, interrupted)
     out = tmp_path / "r.json"
     try:
         ev.main(["--model_path", snapshot, "--n", "1", "--device", "cpu", "--out", str(out)])
     except KeyboardInterrupt:  # caught here: escaping, it would stop the whole pytest session
-        pytest.fail("Ctrl-C during the generation ended in a traceback")
+        pytest.fail(f"Ctrl-C during {stage} ended in a traceback")
     except SystemExit as e:
         assert str(e) == f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}"
     else:
         pytest.fail("the evaluation went on after Ctrl-C")
     assert not out.exists()
+
+
+def test_ctrl_c_during_a_comparison_is_one_sentence(monkeypatch):
+    """--compare --engine_quality searches each answer's move: minutes, which Ctrl-C ends without a traceback."""
+    monkeypatch.setattr(ev, "compare", interrupted)
+    try:
+        ev.main(["--compare", "a.json", "b.json"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C during the comparison ended in a traceback")
+    except SystemExit as e:
+        assert str(e) == "evaluate.py: interrupted (Ctrl-C) before the comparison ended"
+    else:
+        pytest.fail("the comparison went on after Ctrl-C")
 
 
 def test_out_with_compare_is_refused_not_ignored(tmp_path, capsys):

@@ -23,6 +23,10 @@ import chess.engine
 import pytest
 import torch
 
+import mini.annotate as annotate
+import mini.dataset as dataset
+import mini.evaluate as evaluate
+import mini.games as games
 import mini.loader as loader
 import mini.runs as runs
 import mini.stockfish as stockfish
@@ -453,6 +457,42 @@ def test_impossible_positions_are_named_in_every_source(tmp_path):
     with pytest.raises(ValueError, match=rf"^{mates}:1: impossible position '8/8/8/8/8/8/8/4K3 w - - 0 1' .no black king."):
         load_mates(str(mates))
     assert all(opening_board(name).is_valid() for name in ["initial", *OPENINGS])  # the self-play starts
+
+
+INPUT_READERS = {
+    "load_jsonl": dataset.load_jsonl, "load_text": dataset.load_text, "read_rows": runs.read_rows,
+    "load_report": lambda path: evaluate.load_report(path, {}, "evaluate.py"), "load_mates": games.load_mates,
+    "stockfish.read_jsonl": lambda path: list(stockfish.read_jsonl(path)), "read_pgn": lambda path: annotate.read_pgn([path])}
+
+
+@pytest.mark.parametrize("kind", ["device", "pipe"])
+@pytest.mark.parametrize("reader", INPUT_READERS)
+def test_a_device_or_a_pipe_as_an_input_file_is_one_sentence(reader, kind, tmp_path):
+    """Every reader of a file a flag names (evaluate.py --data and --compare, analyze_metrics.py, annotate.py
+    --describe, --pgn and --cache, --mates_path): /dev/zero was read forever, into memory, and a FIFO blocked
+    its reader until a writer came. /dev/null stands for the device: read, it would be an empty file (except as
+    a cache, where it is one that keeps nothing)."""
+    path = "/dev/null" if kind == "device" else str(tmp_path / "fifo")
+    if kind == "pipe":
+        os.mkfifo(path)
+    elif reader == "stockfish.read_jsonl":  # --cache /dev/null: a cache that keeps nothing
+        assert list(stockfish.read_jsonl(path)) == []
+        return
+    said = []
+
+    def read():
+        try:
+            INPUT_READERS[reader](path)
+        except ValueError as e:
+            said.append(str(e))
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        with open(path, "w"):  # the writer that lets the blocked reader go
+            pass
+        pytest.fail(f"{reader} waits on the pipe {path}")
+    assert said and f"{path} is not a regular file (a device or a pipe); name a file" in said[0], said
 
 
 def test_compare_reports_with_fields_of_the_wrong_type(tmp_path):

@@ -68,6 +68,13 @@ def test_markdown_table_keeps_a_carriage_return_in_its_cell():
     assert table.splitlines()[2] == "| 1 | P | a | x y  z | 0.500 |"  # splitlines splits at \\r as markdown does
 
 
+def test_markdown_table_escapes_a_backslash_before_a_bar():
+    """a\\|b escaped as a\\\\|b read as an escaped backslash and then a bar that ends the cell; the backslash is
+    escaped first."""
+    row = markdown_table([{"step": 1, "task": "P", "prompt": "a\\|b", "completion": "c\\", "reward": 0.5}]).splitlines()[2]
+    assert row == "| 1 | P | a\\\\\\|b | c\\\\ | 0.500 |"
+
+
 def test_tensorboard_event_file(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install -e \".[tensorboard]\"")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

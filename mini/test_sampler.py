@@ -273,23 +273,25 @@ def test_sample_next_never_draws_a_token_of_probability_0():
 def test_generate_rejects_too_long_requests_and_empty_prompts():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match="positions"):
-        generate(m, [[1] * 10], max_new_tokens=10)
+        generate(m, [[1] * 10], max_new_tokens=10, eos_id=19)
     with pytest.raises(ValueError, match="needs 17 positions but the model has 16"):
-        generate(m, [[1] * 7, [2]], max_new_tokens=10)
+        generate(m, [[1] * 7, [2]], max_new_tokens=10, eos_id=19)
     (toks, _), = generate(m, [[1] * 6], max_new_tokens=10, eos_id=19)  # exactly n_positions: allowed
     assert len(toks) <= 10
     with pytest.raises(ValueError, match="generate got an empty prompt; every prompt needs at least one token"):
-        generate(m, [[1, 2], []], max_new_tokens=2)  # else its row would start from a padding column
+        generate(m, [[1, 2], []], max_new_tokens=2, eos_id=19)  # else its row would start from a padding column
 
 
 @pytest.mark.parametrize("kwargs, match", [({"temperature": -0.5}, "temperature >= 0"),
                                            ({"max_new_tokens": -1}, "max_new_tokens >= 0"),
                                            ({"stop_check_every": 0}, "stop_check_every >= 1"),
                                            ({"prompts": [[1, 20]]}, "outside the model's vocabulary of 20"),
-                                           ({"prompts": [[-1]]}, "outside the model's vocabulary of 20")])
+                                           ({"prompts": [[-1]]}, "outside the model's vocabulary of 20"),
+                                           ({"eos_id": 20}, "eos_id 20, outside the model's vocabulary of 20"),
+                                           ({"eos_id": -1}, "eos_id -1, outside the model's vocabulary of 20")])
 def test_generate_rejects_bad_settings_and_tokens_in_one_sentence(kwargs, match):
     """A negative temperature was silently greedy, stop_check_every 0 a ZeroDivisionError, a token past the
-    vocabulary an IndexError deep in the embedding."""
+    vocabulary an IndexError deep in the embedding; so was an eos_id past it, which pads the prompts."""
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
     with pytest.raises(ValueError, match=match):
         generate(m, **{"prompts": [[1, 2]], "max_new_tokens": 3, "eos_id": 19, **kwargs})

@@ -50,6 +50,17 @@ def test_known_ids():
     assert tok.decode(tok.encode("🙂")[:1]) == "\ufffd"  # a cut character: U+FFFD, as GPT-2's decode (errors="replace")
 
 
+@pytest.mark.parametrize("token_id", [50257, -1, 10**20])
+def test_decoding_an_id_outside_the_vocabulary_is_one_sentence(token_id):
+    """tiktoken raised KeyError past the vocabulary and OverflowError below zero or past 64 bits; the end-of-text
+    id, the last, still decodes."""
+    tok = Tokenizer.gpt2()
+    assert tok.decode([15496, 50256]) == "Hello<|endoftext|>"
+    with pytest.raises(ValueError, match=f"^token id {token_id} is outside this tokenizer's 50257 ids; decode ids of "
+                                         "the model this tokenizer came with$"):
+        tok.decode([15496, token_id])
+
+
 @pytest.mark.parametrize("text", TEXTS)
 def test_equals_tiktoken_and_round_trips(text, reference, from_files):
     tok, _ = from_files  # built from the vocab.json/merges.txt we write, checked against the raw ranks

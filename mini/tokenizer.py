@@ -63,7 +63,12 @@ class Tokenizer:
         return self.enc.encode_ordinary(text)  # no special tokens, "<|endoftext|>" is plain text here
 
     def decode(self, ids):
-        return self.enc.decode(list(ids))
+        ids = list(ids)
+        outside = [i for i in ids if not 0 <= i < self.vocab_size]  # else tiktoken's KeyError or OverflowError
+        if outside:
+            raise ValueError(f"token id {outside[0]} is outside this tokenizer's {self.vocab_size} ids; decode ids of "
+                             "the model this tokenizer came with")
+        return self.enc.decode(ids)
 
     @classmethod
     @functools.cache  # one a process: it is never changed, so the merges its first save works out serve every save
