@@ -9,6 +9,7 @@ Stockfish's top 5 moves. Analyses are cached on disk, so a cut-off build resumes
 import argparse
 import codecs
 import contextlib
+import io
 import itertools
 import json
 import math
@@ -27,7 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
-from mini.flags import Parser, Switch, error_sentence, regular_file
+from mini.flags import Parser, Switch, error_sentence, not_a_device
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
@@ -225,7 +226,8 @@ def read_pgn(paths):
     position (puzzles, studies), a move or a game python-chess cannot read, a null move, no moves)."""
     games, skipped = [], Counter()
     for path in paths:
-        with open(regular_file(path), encoding=pgn_encoding(path), errors="replace") as f:
+        with open(not_a_device(path), "rb", buffering=PGN_SNIFF_BYTES) as raw, \
+                io.TextIOWrapper(raw, encoding=pgn_encoding(raw), errors="replace") as f:
             while True:
                 try:
                     game = chess.pgn.read_game(f, Visitor=_QuietGameBuilder)
@@ -241,16 +243,19 @@ def read_pgn(paths):
     return games, skipped
 
 
-def pgn_encoding(path):
-    """UTF-16 where the file opens with its byte-order mark (an export of some Windows programs), else UTF-8
-    (python-chess drops a UTF-8 byte-order mark itself); ValueError for a file that is not text, which would read
-    as one game without moves."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
+PGN_SNIFF_BYTES = 1 << 16
+
+
+def pgn_encoding(raw):
+    """The encoding of an open PGN file, from the bytes its buffer holds (peeked: a pipe is read once): UTF-16
+    where it opens with its byte-order mark (an export of some Windows programs), else UTF-8 (python-chess drops a
+    UTF-8 byte-order mark itself); ValueError for a file that is not text, which would read as one game without
+    moves."""
+    head = raw.peek(PGN_SNIFF_BYTES)[:PGN_SNIFF_BYTES]
     if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return "utf-16"
     if b"\0" in head:
-        raise ValueError(f"{path} is not a text PGN file (it holds NUL bytes: UTF-16 without its byte-order "
+        raise ValueError(f"{raw.name} is not a text PGN file (it holds NUL bytes: UTF-16 without its byte-order "
                          "mark, or binary); save the games as UTF-8 PGN text")
     return "utf-8"
 

@@ -15,7 +15,7 @@ from functools import lru_cache, partial
 import chess
 
 from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
-from mini.flags import regular_file
+from mini.flags import not_a_device
 from mini.formats import (PAD_WIDTHS, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
                           legal_ucis, parse_line, placement, policy_sample, position_key, repad)
 from mini.positions import iter_positions, random_env_sample
@@ -43,7 +43,7 @@ def parse_lines(parse, numbered):
 def parsed_lines(path, parse):
     """parse_lines over a whole file; a large file is parsed by one process per core, in order (python-chess
     checks every line: ~0.5 ms each, minutes for the 200,000 lines of a games pool on one core)."""
-    with open(regular_file(path), "rb") as f:
+    with open(not_a_device(path), "rb") as f:
         numbered = list(enumerate(f, 1))
     workers = min(os.cpu_count() or 1, MAX_PARSE_WORKERS)
     if workers < 2 or len(numbered) < PARALLEL_MIN_LINES:

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
-from mini.flags import Parser, Switch, error_sentence, regular_file, unwritable_outputs
+from mini.flags import Parser, Switch, error_sentence, not_a_device, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import SNAPSHOT_FILES, LoadError, load_model
@@ -314,7 +314,7 @@ def load_report(path, fields, script):
     """The JSON report in path as script (evaluate.py, chess_eval.py) writes it: a dict holding each key of
     fields, whose value fields[key] accepts; ValueError in one sentence naming the file when it is not one."""
     how = f"run python mini/{script} --model_path MODEL --out {path} to make one"
-    regular_file(path)  # its own sentence, not "is not JSON"
+    not_a_device(path)  # its own sentence, not "is not JSON"
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a report edited by hand may start with a BOM
             report = json.load(f)

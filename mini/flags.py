@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 
 from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config, choices_of
@@ -144,11 +145,12 @@ def problems(values, checks=None):
     return [p for p in out if p]
 
 
-def regular_file(path):
-    """path, unless it names a device or a pipe: ValueError in one sentence, since /dev/zero would be read forever
-    and a FIFO blocks its reader until a writer comes. A folder or a missing file is left to open()'s own error."""
-    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
-        raise ValueError(f"{path} is not a regular file (a device or a pipe); name a file")
+def not_a_device(path):
+    """path, unless it names a device: ValueError in one sentence, as /dev/zero would be read for ever and a
+    terminal waits for typing. A pipe is read (`<(zcat x.gz)`, a FIFO: it ends when its writer does); a folder or
+    a missing file is left to open()'s own error."""
+    if os.path.exists(path) and (stat.S_ISCHR(os.stat(path).st_mode) or stat.S_ISBLK(os.stat(path).st_mode)):
+        raise ValueError(f"{path} is a device, not a file; name a file")
     return path
 
 

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from mini.config import MATE_PATH
 from mini.evaluate import complete_texts
-from mini.flags import regular_file
+from mini.flags import not_a_device
 from mini.formats import UCI, board_ucis, checked_board, legal_ucis, policy_prompt
 
 LEGAL_ENDS = ("checkmate", "stalemate", "insufficient_material", "seventyfive_moves", "fivefold_repetition",
@@ -66,7 +66,7 @@ def load_mates(path=MATE_PATH, n=None):
     sentence when the file cannot be read, holds no position, or a position lacks its mating moves."""
     fix = "regenerate it with python mini/chess_eval.py --build_mates"
     try:
-        with open(regular_file(path), encoding="utf-8-sig") as f:  # an editor's byte-order mark is not damage
+        with open(not_a_device(path), encoding="utf-8-sig") as f:  # an editor's byte-order mark is not damage
             lines = list(enumerate(f, 1))
     except (OSError, ValueError) as e:  # ValueError: not UTF-8
         raise ValueError(f"cannot read mate-in-one positions from {path} ({e}); {fix}") from None

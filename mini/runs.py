@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed
 from mini.config import FIELDS, START_FLAGS, Config
-from mini.flags import problems, regular_file, wrong_types
+from mini.flags import problems, not_a_device, wrong_types
 from mini.loader import check_checksum, fsync_path, save_model, write_checksum
 from mini.runtime import rng_state, set_rng_state
 
@@ -209,7 +209,7 @@ def is_number(value):
 def read_rows(path):
     """The JSON rows of a JSONL log; a last line cut off by a kill mid-write is skipped, any other bad line is
     a ValueError naming it (file:line)."""
-    with open(regular_file(path), encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM an editor put first
+    with open(not_a_device(path), encoding="utf-8-sig", errors="replace") as f:  # -sig: a BOM an editor put first
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     rows = []
     for i, line in lines:

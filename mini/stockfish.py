@@ -18,7 +18,7 @@ import chess
 import chess.engine
 from tqdm.auto import tqdm
 
-from mini.flags import regular_file
+from mini.flags import not_a_device
 from mini.formats import legal_ucis
 
 CP_CAP = 1000  # centipawn losses are clipped here: beyond a piece, how much more was lost says little
@@ -161,7 +161,7 @@ def read_jsonl(path, keys=()):
     cut short by an interrupted run, or damaged bytes."""
     if not path or path == os.devnull or not os.path.exists(path):  # /dev/null: a cache that keeps nothing
         return
-    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
+    with open(not_a_device(path), encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 r = json.loads(line)

@@ -33,6 +33,7 @@ import mini.stockfish as stockfish
 import mini.train as train
 from mini.loader import LoadError, load_model
 from mini.runs import RunDir, RunError
+from mini.test_formats import P_LINES
 from mini.test_runs import fails_with
 from mini.test_train import args, tiny  # noqa: F401  (tiny is a fixture)
 
@@ -465,34 +466,42 @@ INPUT_READERS = {
     "stockfish.read_jsonl": lambda path: list(stockfish.read_jsonl(path)), "read_pgn": lambda path: annotate.read_pgn([path])}
 
 
-@pytest.mark.parametrize("kind", ["device", "pipe"])
 @pytest.mark.parametrize("reader", INPUT_READERS)
-def test_a_device_or_a_pipe_as_an_input_file_is_one_sentence(reader, kind, tmp_path):
+def test_a_device_as_an_input_file_is_one_sentence(reader, monkeypatch):
     """Every reader of a file a flag names (evaluate.py --data and --compare, analyze_metrics.py, annotate.py
-    --describe, --pgn and --cache, --mates_path): /dev/zero was read forever, into memory, and a FIFO blocked
-    its reader until a writer came. /dev/null stands for the device: read, it would be an empty file (except as
-    a cache, where it is one that keeps nothing)."""
-    path = "/dev/null" if kind == "device" else str(tmp_path / "fifo")
-    if kind == "pipe":
-        os.mkfifo(path)
-    elif reader == "stockfish.read_jsonl":  # --cache /dev/null: a cache that keeps nothing
-        assert list(stockfish.read_jsonl(path)) == []
-        return
-    said = []
+    --describe, --pgn and --cache, --mates_path): /dev/zero was read for ever, into memory. /dev/null stands for
+    the device here (read, it would be an empty file), except as a cache, where it is one that keeps nothing."""
+    if reader == "stockfish.read_jsonl":
+        assert list(stockfish.read_jsonl("/dev/null")) == []
+        monkeypatch.setattr(os, "devnull", "/dev/another-null")  # /dev/null as any other device
+    with pytest.raises(ValueError, match="/dev/null is a device, not a file; name a file"):
+        INPUT_READERS[reader]("/dev/null")
 
-    def read():
-        try:
-            INPUT_READERS[reader](path)
-        except ValueError as e:
-            said.append(str(e))
-    worker = threading.Thread(target=read, daemon=True)
-    worker.start()
-    worker.join(20)
-    if worker.is_alive():
-        with open(path, "w"):  # the writer that lets the blocked reader go
-            pass
-        pytest.fail(f"{reader} waits on the pipe {path}")
-    assert said and f"{path} is not a regular file (a device or a pipe); name a file" in said[0], said
+
+PIPED = {"load_text": (lambda path: [s.task for s in dataset.load_text(path)[0]], P_LINES[0] + "\n", ["P"]),
+         "read_rows": (runs.read_rows, '{"step": 1}\n{"step": 2}\n', [{"step": 1}, {"step": 2}]),
+         "read_pgn": (lambda path: annotate.read_pgn([path]), "1. f3 e5 2. g4 Qh4# 0-1\n",
+                      ([("f2f3 e7e5 g2g4 d8h4".split(), "0-1")], {}))}
+
+
+@pytest.mark.parametrize("reader", PIPED)
+def test_a_pipe_is_read_whole(reader, tmp_path):
+    """A pipe is not a device: `evaluate.py --data <(head -100 x.txt)`, `analyze_metrics.py <(ssh host cat ...)`
+    are read to their end, once (the PGN's encoding is peeked, not read ahead and lost)."""
+    read, text, expected = PIPED[reader]
+    path = str(tmp_path / "fifo")
+    os.mkfifo(path)
+
+    def write():
+        with open(path, "w") as f:  # opens once the reader does
+            f.write(text)
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        assert read(path) == expected
+    finally:
+        if writer.is_alive():  # the reader failed before it opened the pipe: let the writer go
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
 
 
 def test_compare_reports_with_fields_of_the_wrong_type(tmp_path):
