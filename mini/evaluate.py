@@ -404,6 +404,11 @@ def main(argv=None):
         p.error("--plot goes with --compare BEFORE AFTER")
     if args.out and args.compare:  # else no file at all where one was asked for
         p.error("--out names an evaluation's report; --compare writes none (it prints its table; --plot PNG draws it)")
+    unread = [f"--{k}" for k in ("model_path", "data", "n", "pad", "max_new_tokens", "batch_size", "device", "shaping",
+                                 "compile_decode") if getattr(args, k) != p.get_default(k)]
+    if unread and args.compare:  # else a comparison taken for one on other data, padding or shaping
+        p.error(f"{', '.join(unread)} set{'s' * (len(unread) == 1)} an evaluation; --compare reads its settings from "
+                "the two reports: evaluate both models with them, then compare")
     if args.compare:
         if args.plot and any(os.path.realpath(args.plot) == os.path.realpath(r) for r in args.compare):
             p.error(f"--plot {args.plot} would draw over a report it compares; give the plot a file of its own")

@@ -19,6 +19,7 @@ from mini.reward_scorer import (EngineReward, ScoringPool, engine_metrics, engin
                                 move_score, score, score_batch, score_chunk, win_prob)
 from mini.stockfish import ENGINE_NAMES, MATE_CP, Annotator, EngineFailure, find_stockfish
 from mini.test_formats import P_LINES
+from mini.test_reward_scorer import alive
 
 try:
     STOCKFISH = find_stockfish()
@@ -136,6 +137,10 @@ def test_scoring_workers_share_the_cores_among_their_engines(monkeypatch):
     pool.close()
     assert pool.engine.engines == 4
     assert ScoringPool(0, engine=EngineReward("/usr/games/stockfish", engines=3)).engine.engines == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # more scoring processes than cores: one engine each, not 0
+    pool = ScoringPool(3, engine=EngineReward("/usr/games/stockfish"))
+    pool.close()
+    assert pool.engine.engines == 1
 
 
 def test_group_chunks_keep_groups_whole():
@@ -143,6 +148,16 @@ def test_group_chunks_keep_groups_whole():
     batch = [s[0]] * 3 + [s[1]] * 3 + [s[2]] * 3
     assert group_chunks(batch, 2) == [0, 6] and group_chunks(batch, 3) == [0, 3, 6] and group_chunks(batch, 1) == [0]
     assert group_chunks([s[0]] * 9, 4) == [0]
+
+
+def test_group_chunks_make_no_more_chunks_than_workers():
+    """Chunks of ceil(n / parts) samples: 10 distinct prompts in 3 parts are chunks of 4, 4 and 2 (rounding the size
+    down to 3 would make a fourth chunk, for a pool of 3 workers); 7 in 2 parts are 4 and 3."""
+    board, samples = chess.Board(), []
+    for move in ["e2e4", "e7e5", "g1f3", "b8c6", "f1b5", "a7a6", "b5a4", "g8f6", "e1g1", "f8e7"]:
+        samples.append(policy_sample(board.fen(), [move], [0.0]))
+        board.push_uci(move)
+    assert group_chunks(samples, 3) == [0, 4, 8] and group_chunks(samples[:7], 2) == [0, 4]
 
 
 def test_missing_stockfish_fails_in_one_sentence():
@@ -215,6 +230,10 @@ def test_engine_metrics_sum_processes():
     assert engine_metrics([c, c]) == {"engine_lookups": 8, "engine_cache_hit_rate": 0.75, "engine_seconds": 1.0,
                                       "engine_rejected": 0}
     assert engine_metrics([{}]) == {} and engine_metrics([c | {"hits": 0, "misses": 0}])["engine_cache_hit_rate"] == 1.0
+    # a position the engine rejected was a miss already (searched, no score) or never looked up (an invalid board):
+    # lookups are hits + misses, whatever the rejected count
+    assert engine_metrics([{"hits": 1, "misses": 3, "rejected": 2, "seconds": 0.25}]) == {
+        "engine_lookups": 4, "engine_cache_hit_rate": 0.25, "engine_seconds": 0.25, "engine_rejected": 2}
 
 
 # ----------------------------------------------------------------------------- Stockfish judges
@@ -229,6 +248,10 @@ def test_hand_made_positions():
     assert best_of(MATE, "a1a8", spec) == best_of(MATE_UNLABELLED, "a1a8", spec) == 1.0  # mates, labelled or not
     assert best_of(MATE, "a1h8", spec) == 0.0  # illegal
     assert best_of(MATE, "g1f2", spec) == pytest.approx(win_prob(298))  # +2.98 against a mate
+    # a labelled move takes the engine's judgement of its labelled eval, also below its rank's: the second of two,
+    # a queen lost (-8.7 against +0.8), keeps W(-870) / W(80) = 0.068 of the best's expected score, not rank 2's 0.5
+    blunder = policy_sample(QUEEN.fen, ["f5e4", "d6e5"], [0.8, -8.7])
+    assert best_of(blunder, "d6e5", spec) == pytest.approx(move_score(80, -870)) == pytest.approx(0.0681, abs=1e-4)
     # the other components stay: a wrong eval costs what it cost before
     wrong = policy_completion(QUEEN.moves, [0.0] * 5, "f5e4")
     assert score_chunk([QUEEN], [wrong], engine=spec)[0] == [score(QUEEN, wrong)]
@@ -349,6 +372,22 @@ def test_dead_engine_is_restarted():
     for m in ("a2a3", "h2h3", "b2b3"):  # every engine of the pool gets a turn
         score_chunk([EQUAL], [answer(EQUAL, m)], engine=spec)
     assert ann.stats["rejected"] == rejected and all((EQUAL.fen, m) in ann.move_cache for m in ("a2a3", "h2h3", "b2b3"))
+
+
+@needs_stockfish
+def test_closing_the_pool_closes_every_engine():
+    """ScoringPool.close ends the Stockfish processes of every engine-reward setting this process started (each
+    with the number of engines its settings give), not one: python-chess's engine threads would hold the exit."""
+    a, b = engine(engines=2), EngineReward(STOCKFISH, DEPTH + 1, engines=1)
+    pool = ScoringPool(0, engine=a)
+    pool.submit([EQUAL, EQUAL], [answer(EQUAL, "b1c3"), answer(EQUAL, "a2a3")])()
+    b.annotator().evals_after([(EQUAL.fen, "h2h3")])
+    anns = [a.annotator(), b.annotator()]
+    assert [ann.workers for ann in anns] == [2, 1]
+    pids = [e.transport.get_pid() for ann in anns for e in ann.idle.queue if e is not None]
+    assert len(pids) >= 2
+    pool.close()
+    assert all(ann.closed for ann in anns) and not any(map(alive, pids))
 
 
 @needs_stockfish

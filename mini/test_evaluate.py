@@ -822,5 +822,20 @@ def test_out_with_compare_is_refused_not_ignored(tmp_path, capsys):
         ev.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "c.json")])
     assert e.value.code == 2 and "--out names an evaluation's report; --compare writes none" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize("flags, named", [(["--data", "x.txt", "--n", "5"], "--data, --n set"),
+                                          (["--pad", "89"], "--pad sets"),
+                                          (["--shaping", "strict"], "--shaping sets"),
+                                          (["--model_path", os.path.join(os.path.dirname(EVAL_PATH), "rookworld-8m"),
+                                            "--device", "cpu"], "--model_path, --device set")])
+def test_evaluation_flags_with_compare_are_refused_not_ignored(flags, named, tmp_path, capsys):
+    """--compare reads the data, padding, shaping and cut of the two reports: --pad 89 or --shaping given with it
+    were silently ignored, and the table taken for a comparison under them."""
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")] + flags)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.endswith(f"{named} an evaluation; --compare reads its settings from the two "
+                                              "reports: evaluate both models with them, then compare"), err
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

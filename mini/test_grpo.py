@@ -511,6 +511,7 @@ def test_entropy_in_the_logprob_pass_matches_direct_computation(chunk_size):
     assert torch.equal(torch.autograd.grad((lp * w).sum(), x)[0], torch.autograd.grad((want * w).sum(), x)[0])
     lp_h, ent_h = head_logprobs(x, ids, 0.7, with_entropy=True, entropy_grad=False)  # grpo_loss's call
     assert torch.allclose(ent_h, ent, atol=1e-12, rtol=0) and torch.equal(lp_h, token_logprobs(x, ids, 0.7))
+    assert not ent_h.requires_grad  # the metric from the log-probs' pass, not a second pass that keeps a graph
 
 
 def test_bf16_and_extreme_fp32_logits_are_computed_in_fp32():
@@ -564,6 +565,43 @@ def test_fused_head_equals_the_plain_output_layer(temperature, chunk):
     want_lp = torch.log_softmax(h @ w.T / temperature, -1).gather(2, ids[..., None])[..., 0]  # a new graph
     for got, want in zip(torch.autograd.grad((a * lp).sum(), (h, w)), torch.autograd.grad((a * want_lp).sum(), (h, w))):
         assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_the_fused_entropy_alone_sends_its_gradient():
+    """A loss on the fused head's entropy alone (the log-probs unused): its backward gets no log-prob gradient and
+    must still give the entropy's, dH/dx = -p (log p + H), against autograd through the plain output layer."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(30, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    ids, b = torch.randint(0, 30, (2, 5), generator=g), torch.randn(2, 5, generator=g, dtype=torch.float64)
+    lp_all = torch.log_softmax(h @ w.T / 0.7, -1)
+    want = torch.autograd.grad((b * -(lp_all.exp() * lp_all).sum(-1)).sum(), (h, w))
+    _, ent = head_logprobs(Head(h, w), ids, 0.7, chunk_size=3)
+    for got, ref in zip(torch.autograd.grad((b * ent).sum(), (h, w)), want):
+        assert torch.allclose(got, ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_head_computes_its_logits_in_its_autocast_dtype(fused):
+    """Head.of inside a bf16 autocast region records bf16, and the log-probs, entropy and their gradients are then
+    those of the bf16 matmul's logits (the sampler's), upcast: fused or not, forward and backward, though h and W
+    are fp32 and the call runs outside the region. fp32 logits would differ by ~1e-2 and give a KL above 0."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(3, 7, 16, generator=g, requires_grad=True)
+    w = (torch.randn(50, 16, generator=g) * 3).requires_grad_()
+    ids, a = torch.randint(0, 50, (3, 7), generator=g), torch.randn(3, 7, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        head = Head.of(h, w, fused)
+    assert head.dtype == torch.bfloat16 and head.fused is fused and Head.of(h, w).dtype is None
+    lp_all = torch.log_softmax((h.bfloat16() @ w.bfloat16().T).float() / 0.7, -1)
+    want_lp, want_ent = lp_all.gather(-1, ids[..., None])[..., 0], -(lp_all.exp() * lp_all).sum(-1)
+    lp, ent = head_logprobs(head, ids, 0.7, chunk_size=4)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert torch.allclose(lp, want_lp, atol=1e-4) and torch.allclose(ent, want_ent, atol=1e-4)
+    assert not torch.allclose(lp, torch.log_softmax(h @ w.T / 0.7, -1).gather(-1, ids[..., None])[..., 0], atol=1e-3)
+    want = torch.autograd.grad((a * want_lp + a * want_ent).sum(), (h, w))
+    for got, ref in zip(torch.autograd.grad((a * lp + a * ent).sum(), (h, w)), want):
+        assert got.dtype == torch.float32 and torch.allclose(got, ref, atol=0.05 * ref.abs().max().item())
 
 
 def test_grpo_loss_without_entropy_leaves_the_loss_and_skips_the_metric():

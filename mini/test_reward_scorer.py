@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from mini.evaluate import pv1_of
 from mini.formats import parse_line, policy_sample
-from mini.reward_scorer import ScoringPool, levenshtein, score, score_batch
+from mini.reward_scorer import ScoringPool, levenshtein, move_quality, score, score_batch
 from mini.test_dataset import run_script
 from mini.test_formats import A_LINES, P_LINES
 
@@ -294,6 +294,62 @@ def test_a_repeated_move_counts_once_with_its_last_eval():
     assert score(s, " M: b3b5 b3b5 E: 2.0 -0.8 B: b3b5")[1]["evals"] == 1.0
     assert score(s, " M: b3b5 b3b5 E: -0.8 2.0 B: b3b5")[1]["evals"] == pytest.approx(1 / 3.8)
     assert score(s, " M: b3b5 b3a3 b3a3 E: -0.8 0.0 0.0 B: b3b5")[1]["candidates"] == pytest.approx(0.1)
+
+
+def test_the_best_move_ranks_by_the_labels_not_by_the_completions_claims():
+    """The best component ranks B: by the labelled evals: b3b1 (-2.42, fifth) said to be +5.0 is still fifth (0.15),
+    not the top a ranking over the completion's own claims would give it; and the labelled best b3b5 scores 1.0
+    whether or not M: names it (the B: move is judged on its own)."""
+    s = parse_line(P_LINES[0])  # b3b5 -0.8 > b3b7 -1.13 > b3b4 -2.11 > b3f3 -2.33 > b3b1 -2.42
+    assert score(s, " M: b3b1 E: 5.0 B: b3b1")[1]["best"] == 0.15
+    reward, comps = score(s, " M: b3b7 E: -1.13 B: b3b5")
+    assert (comps["best"], comps["candidates"], comps["evals"]) == (1.0, 0.2, 1.0)
+    assert reward == pytest.approx(0.2 + 0.8 * (5 * 1.0 + 3 * 0.2 + 2 * 1.0) / 10)
+
+
+def test_a_legal_unlabelled_candidate_is_neither_a_hit_nor_penalised():
+    """d2e3 is legal but outside the top 5: naming it earns no hit and costs no illegal-move penalty, and its eval
+    is not judged. b3b5 exact plus d2e3: candidates 1 / 5, evals 1; b3a3 (illegal) instead: (1 - 0.5) / 5."""
+    s = parse_line(P_LINES[0])
+    legal = score(s, " M: b3b5 d2e3 E: -0.8 0.0 B: b3b5")[1]
+    assert (legal["candidates"], legal["evals"], legal["best"]) == (pytest.approx(0.2), 1.0, 1.0)
+    assert score(s, " M: b3b5 b3a3 E: -0.8 0.0 B: b3b5")[1]["candidates"] == pytest.approx(0.1)
+
+
+def test_a_position_without_labelled_moves_scores_without_raising():
+    """A P: sample with no labelled moves (a mated position: Stockfish has nothing to rank) scores a completion
+    rather than raising: no hits of no labels is candidates 0, not a ZeroDivisionError; the engine's judgement
+    of the move is None (nothing to measure against)."""
+    s = policy_sample("R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1", [], [], best="0000")  # Ra8#: Black is mated
+    reward, comps = score(s, " M: g8h8 E: -999.99 B: g8h8")  # illegal: every component 0
+    assert reward == pytest.approx(0.2)
+    assert (comps["best"], comps["candidates"], comps["evals"], comps["raw"]) == (0, 0, 0, 0)
+    assert score(s, " M: g8h8 E: -999.99 B: g8h8", "strict")[0] == -0.3
+    assert move_quality(s, "g8h8") is None and move_quality(s, None) is None
+
+
+def test_each_env_component_costs_its_weight():
+    """README: A: weights fen_exact 4, fen_similarity 2, reward 2, terminated 1, truncated 1 (of 10), so one wrong
+    flag costs 0.8 * 0.1, a wrong reward 0.8 * 0.2, and a FEN one character off loses fen_exact (4) and 2 / 60 of
+    fen_similarity (2): raw = (2 * (1 - 1 / 60) + 4) / 10."""
+    s = parse_line(A_LINES[0])  # next FEN of 60 characters, reward 0.001, neither flag
+    ref = s.completion
+    assert len(s.next_fen) == 60
+    assert score(s, ref[:-3] + "1+0")[0] == score(s, ref[:-1] + "1")[0] == pytest.approx(0.2 + 0.8 * 0.9)
+    assert score(s, ref.replace("+0.001+", "+0.5+"))[0] == pytest.approx(0.2 + 0.8 * 0.8)
+    assert score(s, ref.replace(" 0 18+", " 1 18+"))[0] == pytest.approx(0.2 + 0.8 * (2 * (1 - 1 / 60) + 4) / 10)
+
+
+@pytest.mark.parametrize("shaping", ["continuous", "graduated", "strict"])
+def test_an_unparseable_completion_scores_invalid_with_every_component_0(shaping):
+    """An unparseable completion: -0.3, format_valid 0, raw 0 and every component 0 (the metrics average them),
+    under the same keys as a parsed completion's."""
+    p, a = parse_line(P_LINES[0]), parse_line(A_LINES[0])
+    assert score(p, "junk", shaping) == (-0.3, {"format_valid": 0.0, "best": 0.0, "candidates": 0.0, "evals": 0.0,
+                                                "best_legal": 0.0, "raw": 0.0})
+    assert score(a, "junk", shaping) == (-0.3, {"format_valid": 0.0, "fen_exact": 0.0, "fen_similarity": 0.0,
+                                                "reward_exact": 0.0, "terminated_exact": 0.0, "truncated_exact": 0.0,
+                                                "raw": 0.0})
 
 
 def naive_levenshtein(a, b):
