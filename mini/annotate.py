@@ -457,14 +457,27 @@ def main(argv=None):
         if not a.pool_path or a.games or a.eval != p.get_default("eval") or a.eval_path:  # else silently unused
             p.error("--mates writes a training pool of its own: give it --pool_path PATH (and --pool N), and no "
                     "--games, --eval or --eval_path")
-        return build_mate_pool(a)
-    if a.pgn:
-        a.eval_path = a.eval_path or PGN_EVAL_PATH
-        return build_from_pgn(a)
-    if a.games:
+        build = build_mate_pool
+    elif a.pgn:
+        a.eval_path, build = a.eval_path or PGN_EVAL_PATH, build_from_pgn
+    elif a.games:
         a.pool_path, a.eval_path = a.pool_path or GAMES_POOL_PATH, a.eval_path or REAL_EVAL_PATH
-        return build_from_games(a)
-    a.pool_path, a.eval_path = a.pool_path or POOL_PATH, a.eval_path or EVAL_PATH
+        build = build_from_games
+    else:
+        a.pool_path, a.eval_path = a.pool_path or POOL_PATH, a.eval_path or EVAL_PATH
+        build = build_from_generated
+    kept = "the analyses done so far are in the --cache file, if one was given, and a rerun with the same flags " \
+           "reads them back"
+    try:
+        build(a)
+    except KeyboardInterrupt:  # hours of analyses: those done are kept, one line per position, as they come
+        sys.exit(f"annotate.py: interrupted (Ctrl-C) before its files were written; {kept}")
+    except OSError as e:  # a full disk as the files are written
+        sys.exit(f"annotate.py: {error_sentence(e)}; {kept}")
+
+
+def build_from_generated(a):
+    """The shipped pool and eval set: positions of iter_positions, screened (a lopsided one kept at p=0.25)."""
     t0 = time.time()
     need, source, rng, positions = a.pool + a.eval, iter_positions(a.seed), random.Random(a.seed), []
     with Annotator(a.stockfish_path, a.screen_depth, None, a.workers, a.cache, multipv=1) as screen:
@@ -485,8 +498,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:  # hours of analyses: those done are kept, one line per position, as they come
-        sys.exit("annotate.py: interrupted (Ctrl-C) before its files were written; the analyses done so far are in "
-                 "the --cache file, if one was given, and a rerun with the same flags reads them back")
+    main()

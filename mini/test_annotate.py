@@ -1,6 +1,7 @@
 """Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
 import argparse
 import codecs
+import errno
 import itertools
 import json
 import os
@@ -740,6 +741,21 @@ def test_realistic_build_holds_out_what_training_reaches_without_an_engine(tmp_p
     main(["--games", "2", "--eval_games", "1", "--eval_transitions", "6", "--transitions", "4", "--cache", "",
           "--pool_path", str(pool), "--eval_path", str(ev)])
     assert sum("move" in r for r in read(pool)) == 4  # --transitions: at most that many
+
+
+def test_a_full_disk_as_the_files_are_written_is_one_sentence(tmp_path, monkeypatch):
+    """After hours of analyses, an OSError as the files are written (a full disk) was a traceback; one sentence
+    names the file and says where the analyses are."""
+    def full(a):
+        raise OSError(errno.ENOSPC, "No space left on device", a.pool_path)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    monkeypatch.setattr(annotate, "build_from_games", full)
+    pool = str(tmp_path / "p.jsonl")
+    with pytest.raises(SystemExit) as stop:
+        main(["--games", "2", "--eval_games", "0", "--pool_path", pool, "--cache", ""])
+    assert str(stop.value) == (f"annotate.py: {pool}: no space left on device; check the path; the analyses done so far "
+                               "are in the --cache file, if one was given, and a rerun with the same flags reads them "
+                               "back")
 
 
 @needs_stockfish
