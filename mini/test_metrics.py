@@ -109,6 +109,33 @@ def test_a_steps_metrics_row_by_hand(trainer, monkeypatch):
         assert json.loads(f.read())["reward_mean_P"] == pytest.approx(REWARD_METRICS["reward_mean_P"])
 
 
+def test_a_rank_takes_the_advantages_of_its_own_rows(trainer):
+    """Rank 1 of two, its rows from offset 4 of the global batch's rewards: its advantages are those of rows 4-7,
+    group (1, 0) giving +-0.5 / (std 0.7071 + 1e-4) and the group of equal rewards 0, not rank 0's rows (0, 1)."""
+    r = Rollout(list(SAMPLES[4:]), [[1]] * 4, [[9]] * 4, ["t"] * 4)
+    rewards = torch.tensor([0.0, 1.0, 0.2, 0.2, 1.0, 0.0, 0.5, 0.5])
+    adv, returns, stats = trainer.advantages(r, rewards, TASKS, offset=4)
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert returns is None and adv.tolist() == pytest.approx([a, -a, 0.0, 0.0]) and stats["zero_var_share"] == 0.5
+
+
+def test_dynamic_sampling_stops_at_the_round_that_fills_the_batch(trainer, monkeypatch):
+    """4 places, K = 2: a first round whose 4 groups all have rewards that differ fills the batch, so no second
+    round is drawn; the step trains that round's rows, mean reward 3.4 / 8."""
+    rounds, drawn = iter([[0.0, 1.0, 0.2, 0.3, 0.5, 0.4, 1.0, 0.0], [0.1, 0.9] * 4]), []
+
+    def rollout():
+        drawn.append(Rollout(list(SAMPLES), [[10 * len(drawn) + i] for i in range(8)], [[9]] * 8, list(TEXTS)))
+        return drawn[-1]
+    monkeypatch.setattr(trainer, "rollout", rollout)
+    monkeypatch.setattr(trainer.scorer, "submit",
+                        lambda samples, texts: (lambda rs=next(rounds): [(x, {}) for x in rs]))
+    r, m = trainer.informative_rollout(train.PhaseTimer(False))
+    assert len(drawn) == 1 and r.prompts == [[i] for i in range(8)]
+    assert m == pytest.approx({"ds_rounds": 1, "ds_groups_drawn": 4, "ds_groups_kept": 4,
+                               "ds_zero_var_share_drawn": 0.0, "ds_reward_mean_drawn": 3.4 / 8})
+
+
 def test_policy_loss_statistics_are_per_real_token():
     """Ratios row 0 (A = 1): 1, 1.5, 0.5; row 1 (A = -1): 0.7, 1.1, and 5 on padding. eps 0.2: 1.5 is clipped high,
     0.7 low: 2 of 5 real tokens; ratio_mean (1 + 1.5 + 0.5 + 0.7 + 1.1) / 5 = 0.96. Surrogates: row 0
@@ -200,6 +227,15 @@ def test_a_rank_that_kept_no_group_while_another_did_sends_a_weightless_placehol
     g = GlobalBatch.gather(out, {}, rank=1)
     assert sent == [([], [], [], 0, 0, {})] and g.rewards.tolist() == [1.0, 0.0] and out.rewards.tolist() == [0.0, 0.0]
     assert not groups.rollout(2).weightless  # no rank kept a group: the last rollout whole, as before
+
+
+def test_a_rank_that_kept_groups_trains_them_whatever_another_rank_kept():
+    """others_kept asks for a placeholder only of a rank that kept no group: one that kept some trains them."""
+    groups = InformativeGroups(K=2, min_std=0.0)
+    groups.add(Rollout(list("abcd"), [[1], [2], [3], [4]], [[9]] * 4, list("wxyz"),
+                       scores=[(0.5, {}), (0.5, {}), (0.0, {}), (1.0, {})]))
+    out = groups.rollout(2, others_kept=True)
+    assert not out.weightless and out.prompts == [[3], [4]] and out.scores == [(0.0, {}), (1.0, {})]
 
 
 def test_dynamic_sampling_keeps_the_first_groups_drawn_and_counts_only_equal_rewards_as_zero_variance():

@@ -299,6 +299,24 @@ def test_a_rollout_walks_its_prompts_one_move_on_into_the_replay_buffer(tiny, tm
     assert want.items and set(want.items) <= set(trainer.buffer.items)
 
 
+def test_under_selfplay_the_rollout_prompts_are_the_selfplay_positions(tiny, tmp_path, monkeypatch):
+    """--data_source selfplay: a rollout draws its prompts from the self-play source (which mixes in the prompt
+    source itself), not from the prompt source; here a stand-in that hands out two positions of the pool."""
+    trainer = train.Trainer(parse_args(args(tiny, tmp_path, "selfplay", 1)))
+    positions = trainer.source.draw(2)
+    monkeypatch.setattr(trainer, "selfplay", types.SimpleNamespace(draw=lambda n: positions[:n]))
+    r = trainer.rollout()
+    assert [s.prompt for s in r.samples] == [s.prompt for s in positions for _ in range(3)]
+
+
+def test_a_step_frees_its_gradients_before_the_next_rollout(tiny, tmp_path):
+    """The update sets the gradients, the value head's too, to None when it is done: generation, scoring and
+    evaluation until the next update do not hold another copy of the weights' size."""
+    trainer = train.Trainer(parse_args(args(tiny, tmp_path, "free", 1, "--use_gae")))
+    assert trainer.train_step() is not None
+    assert all(p.grad is None for p in [*trainer.model.parameters(), *trainer.value_head.parameters()])
+
+
 def test_each_rank_seeds_its_own_sampling(tiny, tmp_path, monkeypatch):
     """Under torchrun rank r seeds its generators with --seed + r, so that the ranks sample different completions
     (rank 0's are a plain run's); here rank 1, without a process group."""
@@ -393,6 +411,23 @@ def test_micro_batches_carry_their_groups():
     assert len(whole) == 1 and whole[0].rows.tolist() == list(range(6)) and (whole[0].start, whole[0].Tc) == (0, 3)
     parts = [mb.take(r.comp_ids) * 10 for mb in r.micro_batches(2, 2, "cpu")]
     assert torch.equal(MicroBatch.join(r.micro_batches(2, 2, "cpu"), parts, r.comp_ids.shape), r.comp_ids * 10 * r.comp_mask)
+
+
+def test_micro_batches_go_longest_group_first_in_widths_of_the_bucket():
+    """Bucket 4, K = 2, 2 rows at a time. Completion lengths with EOS: group 0 (2, 3), group 1 (4, 4), group 2
+    (6, 1): by longest completion groups 2, 1, 0 (by shortest it would be 1, 0, 2). Tp = 8; each micro-batch's
+    prompt columns (1, 5, 3 tokens -> 4, 8, 4) and completion columns (6, 4, 3 -> 8, 4, 4) are whole buckets, so that
+    a compiled forward sees few shapes."""
+    prompts = [[3, 3, 3]] * 2 + [[2] * 5] * 2 + [[1]] * 2
+    r = Rollout([None] * 6, prompts, [[7], [7, 7], [6] * 3, [6] * 3, [5] * 5, []], [""] * 6)
+    r.pad(eos=0, max_new_tokens=10, device="cpu", bucket=4)
+    assert (r.Tp, r.comp_ids.shape[1], r.comp_lens) == (8, 8, [2, 3, 4, 4, 6, 1])
+    batches = r.micro_batches(2, 2, "cpu")
+    assert [(mb.rows.tolist(), mb.start, mb.Tc) for mb in batches] == [([4, 5], 4, 8), ([2, 3], 0, 4), ([0, 1], 4, 4)]
+    assert [(mb.inputs(r)[0].shape[1], mb.inputs(r)[2]) for mb in batches] == [(12, 4), (12, 8), (8, 4)]
+    ids, mask, _ = batches[2].inputs(r)
+    assert ids.tolist() == [[0, 3, 3, 3, 7, 0, 0, 0], [0, 3, 3, 3, 7, 7, 0, 0]]
+    assert mask.int().tolist() == [[0, 1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1, 0]]
 
 
 STEPS = 6
@@ -626,6 +661,23 @@ def test_eta_is_the_pace_since_the_start_times_the_steps_left_and_reads_in_hours
     assert [train.duration(s) for s in (7, 59.6, 125, 3725, 36000)] == ["7s", "1m00s", "2m05s", "1h02m", "10h00m"]
 
 
+def test_log_line_shows_the_evaluation_of_its_step():
+    m = {"step": 4, "loss": 0.5, "reward_mean": 0.25, "time_step": 2.0, "eval_reward": 0.4236}
+    assert train.log_line(m, ["A"] * 3, 3, 0.3, eta=7) == \
+        "Step 4 | Loss 0.5 | Reward 0.250 (best 0.300) | P/E 0/1 | KL 0 | 2.0s | eval 0.424 | ETA 7s"
+
+
+def test_a_resumed_runs_eta_takes_the_pace_of_the_steps_since_the_resume(tiny, tmp_path, monkeypatch):
+    """A run resumed at step 1 has trained only the steps since: the ETA's pace is theirs (eta(t0, 1, step, steps)),
+    not its time over every step since step 0."""
+    real, calls = train.eta, []
+    monkeypatch.setattr(train, "eta", lambda t0, step0, step, steps: calls.append((step0, step, steps)) or
+                        real(t0, step0, step, steps))
+    assert train.main(args(tiny, tmp_path, "eta", 1, "--save_every", "1")) == 0
+    assert train.main(args(tiny, tmp_path, "eta", 2, "--save_every", "1", "--auto_resume")) == 0
+    assert calls == [(0, 1, 1), (1, 2, 2)]
+
+
 def test_kl_threshold_stops_cleanly(tiny, tmp_path, capsys):
     assert train.main(args(tiny, tmp_path, "kl", 6, "--kl_threshold", "1e-12", "--save_every", "0")) == 1
     assert "exceeds --kl_threshold 1e-12 at step 2" in capsys.readouterr().err
@@ -661,6 +713,22 @@ def test_an_evaluation_that_only_equals_the_best_leaves_the_stable_checkpoint():
     trainer.held_out_metrics = lambda: {"eval_reward": 0.6}
     train.Trainer.finish_step(trainer, {"reward_mean": 0.5}, None, None)
     assert saved == ["stable.pt"] and trainer.best_eval == 0.6
+
+
+def test_a_run_of_negative_rewards_has_a_best_reward_and_a_stable_checkpoint(tiny, tmp_path, monkeypatch):
+    """The best reward and the best held-out reward start at minus infinity, not 0: a run whose rewards are all
+    negative (an untrained model's are -0.3) logs its own best and saves stable.pt at its first evaluation."""
+    trainer = train.Trainer(parse_args(args(tiny, tmp_path, "neg", 2, "--eval_every", "1", "--eval_n", "1",
+                                            "--save_every", "0")))
+    evals, saved, logged = iter([-0.2, -0.4]), [], []
+    monkeypatch.setattr(trainer, "held_out_metrics", lambda: {"eval_reward": next(evals)})
+    monkeypatch.setattr(trainer, "save", saved.append)
+    monkeypatch.setattr(trainer, "write_step",
+                        lambda m, r, tasks: logged.append((m["eval_reward"], trainer.best_reward)))
+    for step, reward in ((1, -0.3), (2, -0.5)):
+        trainer.step = step
+        trainer.finish_step({"reward_mean": reward}, None, None)
+    assert logged == [(-0.2, -0.3), (-0.4, -0.3)] and saved == ["stable.pt"] and trainer.best_eval == -0.2
 
 
 def start_and_wait_for_a_step(spawn, tiny, tmp_path, run):
