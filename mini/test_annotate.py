@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import chess
@@ -22,7 +23,7 @@ from mini.config import EVAL_PATH, REAL_EVAL_PATH
 from mini.dataset import held_out_keys, load_jsonl, record_keys
 from mini.formats import position_key
 from mini.positions import build_mates, game_fens, history_bucket, phase
-from mini.stockfish import Annotator, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
+from mini.stockfish import Annotator, EngineFailure, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
 
 try:
     STOCKFISH = find_stockfish()
@@ -764,17 +765,39 @@ def test_ctrl_c_during_the_analyses_is_one_sentence_and_keeps_them_in_the_cache(
     analyses done so far stay in the cache that a rerun reads back."""
     pool, cache = tmp_path / "p.jsonl", tmp_path / "c.jsonl"
     proc = spawn([sys.executable, "-m", "mini.annotate", "--pool", "400", "--eval", "0", "--pool_path", str(pool),
-                  "--cache", str(cache), "--workers", "1", "--depth", "30", "--screen_depth", "30",
+                  "--cache", str(cache), "--workers", "1", "--depth", "14", "--screen_depth", "14",
                   "--stockfish_path", STOCKFISH], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while not (cache.exists() and cache.read_text().count("\n") >= 1) and time.time() < deadline:
-        time.sleep(0.2)  # the screen has written an analysis: the work is under way
+        time.sleep(0.2)  # the screen has written an analysis: the build is under way (not the imports)
+    assert proc.poll() is None and cache.exists(), "no analysis in 5 minutes"
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1].strip().splitlines()
     assert proc.returncode == 1 and err[-1] == (
         "annotate.py: interrupted (Ctrl-C) before its files were written; the analyses done so far are in the --cache "
         "file, if one was given, and a rerun with the same flags reads them back"), err[-3:]
     assert not any("Traceback" in line for line in err) and not pool.exists() and next(read_jsonl(str(cache)), None)
+
+
+
+@needs_stockfish
+def test_ctrl_c_cuts_off_the_searches_under_way():
+    """Ctrl-C while the pool's threads search: the pool's shutdown waited for the search under way (a minute at
+    this limit) and every queued one; the engine searching is killed and the queue fails at once, so the
+    interrupt comes through in moments, and the Annotator says it was interrupted if used again."""
+    with Annotator(STOCKFISH, time_s=60, workers=1, cache_path="") as ann:
+        def interrupt_once_searching():
+            while not ann.busy:
+                time.sleep(0.05)
+            time.sleep(0.5)  # into the search
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a signal wakes the waiting thread
+        threading.Thread(target=interrupt_once_searching, daemon=True).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            ann.annotate(FENS[:3])
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(EngineFailure, match="the searches were interrupted"):
+            ann.annotate(FENS[3:4])
 
 
 if __name__ == "__main__":
