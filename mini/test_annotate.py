@@ -1,6 +1,7 @@
 """Stockfish annotations: agreement with a direct engine call, the mate convention, cache, crash recovery."""
 import argparse
 import codecs
+import contextlib
 import errno
 import itertools
 import json
@@ -766,7 +767,8 @@ def test_ctrl_c_during_the_analyses_is_one_sentence_and_keeps_them_in_the_cache(
     pool, cache = tmp_path / "p.jsonl", tmp_path / "c.jsonl"
     proc = spawn([sys.executable, "-m", "mini.annotate", "--pool", "400", "--eval", "0", "--pool_path", str(pool),
                   "--cache", str(cache), "--workers", "1", "--depth", "14", "--screen_depth", "14",
-                  "--stockfish_path", STOCKFISH], stderr=subprocess.PIPE, text=True)
+                  "--stockfish_path", STOCKFISH], stderr=subprocess.PIPE, text=True,
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell's background job ignores it
     deadline = time.time() + 300
     while not (cache.exists() and cache.read_text().count("\n") >= 1) and time.time() < deadline:
         time.sleep(0.2)  # the screen has written an analysis: the build is under way (not the imports)
@@ -785,7 +787,9 @@ def test_ctrl_c_cuts_off_the_searches_under_way():
     """Ctrl-C while the pool's threads search: the pool's shutdown waited for the search under way (a minute at
     this limit) and every queued one; the engine searching is killed and the queue fails at once, so the
     interrupt comes through in moments, and the Annotator says it was interrupted if used again."""
-    with Annotator(STOCKFISH, time_s=60, workers=1, cache_path="") as ann:
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job ignores SIGINT
+    with Annotator(STOCKFISH, time_s=60, workers=1, cache_path="") as ann, contextlib.ExitStack() as restore:
+        restore.callback(signal.signal, signal.SIGINT, before)
         def interrupt_once_searching():
             while not ann.busy:
                 time.sleep(0.05)

@@ -189,6 +189,25 @@ def test_adamw_is_fused_on_cuda_only():
     assert model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").defaults["fused"] is None
 
 
+def test_configure_optimizers_takes_the_settings_and_the_extra_parameters():
+    """AdamW gets the lr and betas it is given (--lr, --adam_beta1/2), and the extra (name, parameter) pairs, the value
+    head, are trained with the model: its weight matrix decayed, its bias not."""
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=8, vocab_size=10))
+    head = torch.nn.Linear(8, 1)
+    opt = model.configure_optimizers(0.1, 3e-4, (0.8, 0.9), "cpu", extra=head.named_parameters(prefix="value_head"))
+    decay, no_decay = opt.param_groups
+    assert all(g["lr"] == 3e-4 and g["betas"] == (0.8, 0.9) for g in opt.param_groups)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert any(p is head.weight for p in decay["params"]) and any(p is head.bias for p in no_decay["params"])
+
+
+def test_the_default_config_is_gpt2_small():
+    """GPTConfig() is GPT-2 124M with dropout off: in train mode dropout would make the policy's log-probs differ from
+    the reference's and the sampler's, and a padded vocabulary (nanoGPT's 50304) samples tokens that decode to
+    nothing."""
+    assert GPTConfig() == GPTConfig(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257, dropout=0.0)
+
+
 def test_cast_matmuls_casts_every_linear_and_unties_the_output_layer():
     """The reference's cast: every Linear's weight and bias in the matmul dtype, the output layer a frozen bf16 copy
     of the embedding, which (like the position embedding and the LayerNorms) stays fp32 and is not cast with it."""

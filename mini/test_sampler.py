@@ -13,9 +13,9 @@ import torch
 from mini.model import GPT, GPTConfig
 import torch.nn.functional as F
 
-from mini.sampler import (KVCache, SharedPrefixCache, _caches, _matmul_copies, compiled, decode_step, generate, pad_left,
-                          sample_next, with_matmuls_in,
-                          shares_prefix)
+from mini.sampler import (KVCache, PromptTooLong, SharedPrefixCache, _caches, _compiled_steps, _matmul_copies, compiled,
+                          decode_step, generate, pad_left, release_decode_caches, round_up, sample_next,
+                          with_matmuls_in, shares_prefix)
 from mini.rollout import Rollout
 from mini.test_model import hf_and_ours, left_padded
 
@@ -255,6 +255,19 @@ def test_sample_next_follows_the_distribution():
     assert torch.equal(sample_next(logits[:3], 0)[0], torch.zeros(3, dtype=torch.long))  # greedy
 
 
+def test_sample_next_draws_the_inverse_cdf_of_the_generators_uniforms():
+    """Without u, sample_next draws one uniform per row from the generator it is given, not from the global RNG (a
+    caller's seed decides the tokens): by hand, the token where the running sum of softmax first exceeds u."""
+    logits = torch.tensor([[0.0, 1.0, 2.0]]).repeat(64, 1)
+    u = torch.rand(64, generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(0)  # the global RNG holds other numbers
+    nxt, logp = sample_next(logits, 1.0, 0, torch.Generator().manual_seed(7))
+    p = torch.softmax(logits[0], -1)
+    want = (p.cumsum(-1)[None, :] <= u[:, None]).sum(1)
+    assert torch.equal(nxt, want) and set(want.tolist()) == {0, 1, 2}
+    assert torch.allclose(logp, p.log()[want])
+
+
 def test_sample_next_never_draws_a_token_of_probability_0():
     """torch.rand's draws run from exactly 0 to 1 - 2^-24: at either end a token that top_k gave p = 0 (before
     the first token of positive p, after the last) must not be drawn; the log-prob stays finite."""
@@ -272,9 +285,9 @@ def test_sample_next_never_draws_a_token_of_probability_0():
 
 def test_generate_rejects_too_long_requests_and_empty_prompts():
     m = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, n_positions=16, vocab_size=20)).eval()
-    with pytest.raises(ValueError, match="positions"):
+    with pytest.raises(PromptTooLong, match="positions"):  # train.py turns PromptTooLong into one sentence
         generate(m, [[1] * 10], max_new_tokens=10, eos_id=19)
-    with pytest.raises(ValueError, match="needs 17 positions but the model has 16"):
+    with pytest.raises(PromptTooLong, match="needs 17 positions but the model has 16"):
         generate(m, [[1] * 7, [2]], max_new_tokens=10, eos_id=19)
     (toks, _), = generate(m, [[1] * 6], max_new_tokens=10, eos_id=19)  # exactly n_positions: allowed
     assert len(toks) <= 10
@@ -497,6 +510,57 @@ def test_the_compiled_decodes_model_casts_its_matmuls_once_and_follows_the_weigh
     m.load_state_dict(GPT(m.config).state_dict())  # a rollback, a resume
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         assert torch.equal(outputs(with_matmuls_in(m, torch.bfloat16)), outputs(m))
+
+
+def test_the_compiled_decodes_copy_follows_a_change_of_dtype():
+    """with_matmuls_in keeps one copy per model: asked for fp16 after bf16, its Linear weights are fp16, not the bf16
+    copy's (an autocast dtype changed between calls)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=20))
+    for dtype in (torch.bfloat16, torch.float16):
+        linears = [x for x in with_matmuls_in(m, dtype).modules() if isinstance(x, torch.nn.Linear)]
+        assert len(linears) == 5 and all(p.dtype == dtype for x in linears for p in x.parameters()), dtype
+
+
+def test_round_up_keeps_exact_multiples_and_rounds_the_others_up():
+    """round_up sizes the width buckets and the compiled caches: an exact multiple stays, one past goes up."""
+    assert [round_up(n, 16) for n in (1, 15, 16, 17, 32, 33)] == [16, 16, 16, 32, 32, 48]
+
+
+@pytest.mark.parametrize("shared_prefix", [True, False])
+@torch.no_grad()
+def test_the_compiled_decode_keeps_one_cache_per_shape_bucket_across_calls(shared_prefix, monkeypatch):
+    """compile_decode's caches, one per bucket, live across calls: rows, prompts and group sizes rounded up to a power
+    of two (5 rows -> 8, 4 -> 4; 3 prompts -> 4; groups of 3 -> 4, of 2 -> 2), columns to a multiple of 64 but never
+    past n_positions (prompts of 65 to 70 tokens: 100), keys in the autocast dtype. A call drops no row from them (a
+    CUDA graph holds their addresses), other prompts of a bucket reuse its cache, and every call's tokens and
+    log-probs are the eager decode's (the dummy rows draw no uniforms). release_decode_caches drops them. The step
+    runs eagerly here: the buckets are under test, not Inductor."""
+    monkeypatch.setitem(_compiled_steps, None, decode_step)
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=100, vocab_size=50)).double().eval()
+    for p in m.parameters():
+        p.normal_(0, 0.3)
+    run = lambda prompts, **kw: generate(m, prompts, 12, 0.9, eos_id=49, shared_prefix=shared_prefix,
+                                         generator=torch.Generator().manual_seed(0), **kw)
+    seq = lambda first, n: [(first + i) % 48 for i in range(n)]
+    five, four = [seq(0, 70)] * 3 + [seq(5, 66), seq(9, 65)], [seq(0, 70)] * 2 + [seq(5, 66), seq(9, 65)]
+    for prompts in (five, four, [seq(20, 68)] * 3 + [seq(3, 67), seq(30, 69)]):  # the last in five's buckets
+        eager, got = run(prompts), run(prompts, compile_decode=True)
+        assert [t for t, _ in got] == [t for t, _ in eager] and len({tuple(t) for t, _ in eager}) == len(prompts)
+        for (_, a), (_, b) in zip(eager, got):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0)
+    # (rows, the keys' rows, prompt columns, all columns): 8 or 4 rows; shared, 4 prompts of 100 + G x 64 columns
+    want = [(8, 4, 100, 100 + 4 * 64), (4, 4, 100, 100 + 2 * 64)] if shared_prefix \
+        else [(8, 8, 100, 100), (4, 4, 100, 100)]
+    assert [(c.rows, c.k[0].shape[0], c.key_mask.shape[1], c.k[0].shape[2]) for c in _caches[m].values()] == want
+    assert all(c.k[0].dtype == torch.float64 for c in _caches[m].values())
+    release_decode_caches(m)
+    assert m not in _caches
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_positions=100, vocab_size=50)).eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        generate(m, five, 3, 0.9, eos_id=49, shared_prefix=shared_prefix, compile_decode=True)
+    assert [c.k[0].dtype for c in _caches[m].values()] == [torch.bfloat16]
 
 
 @torch.no_grad()
