@@ -80,6 +80,14 @@ def test_bad_bytes_empty_files_and_too_many_bad_lines(tmp_path, capsys):
     assert "are not all finite numbers" in capsys.readouterr().err
 
 
+def test_a_file_of_bad_lines_only_is_refused_by_what_was_skipped(tmp_path):
+    """A file with lines, every one bad, is not called empty: the refusal counts what was skipped."""
+    path = tmp_path / "data.txt"
+    path.write_text("junk\n" + KINGLESS_A_LINE + "\n")
+    with pytest.raises(ValueError, match=r"holds no sample \(1 malformed line, 1 impossible position\)$"):
+        load_text(str(path))
+
+
 def test_data_file_may_be_annotated_jsonl(tmp_path):
     path = tmp_path / "positions.jsonl"
     with open(POOL_PATH) as src:
@@ -168,6 +176,17 @@ def test_an_a_sample_whose_move_leads_onto_a_held_out_position_shows_it():
     assert not shows_held_out(policy_sample(START, ["e2e4"], [0.3]), held_out)
 
 
+def test_a_held_out_placement_with_another_side_to_move_or_castling_rights_is_not_held_out():
+    """Only the whole position key is held out: the same pieces with the other side to move, or other castling
+    rights, are another position."""
+    after = chess.Board()
+    after.push_uci("e2e4")
+    held_out = frozenset({board_key(after)})
+    assert shows_held_out(policy_sample(after.fen(), ["e7e5"], [0.1]), held_out)
+    assert not shows_held_out(policy_sample(after.fen().replace(" b ", " w "), ["d2d4"], [0.1]), held_out)
+    assert not shows_held_out(policy_sample(after.fen().replace("KQkq", "Qkq"), ["e7e5"], [0.1]), held_out)
+
+
 def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
     good = {"fen": START, "moves": ["e2e4", "d2d4"], "evals": [0.3, 0.2]}
     bad = [({"fen": "not a fen", "moves": ["e2e4"], "evals": [0.1]}, "bad FEN"),
@@ -212,6 +231,8 @@ def test_annotated_jsonl_records_are_checked_like_text_lines(tmp_path, capsys):
     ({"fen": START, "move": "e2e4", "history": ["d2d4"]}, "an A: record's history ends with its move 'e2e4'"),
     ({"fen": START, "move": "e2e4", "history": ["g1f3", "g8f6"] * 5 + ["e2e4"]},
      "an A: history holds the last 1 to 10 half-moves, the move included; this one has 11: keep its last 10"),
+    ([START, "e2e4"], "a JSON list, not a record of a position"),
+    ("fen", "a JSON str, not a record of a position"),  # not Python's "string indices must be integers"
 ])
 def test_records_a_prompt_would_print_wrong_say_so(tmp_path, record, message):
     """A history is printed into A: prompts, an eval of true would be 1.0, a repeated move a second label, a
@@ -505,6 +526,26 @@ def test_replay_buffer_keeps_a_positions_first_meeting_and_gives_what_it_holds()
     assert sorted(buf.sample(5)) == sorted([(START, moves[-9:]), (KIWIPETE, [])])
 
 
+def test_a_default_replay_buffer_holds_ten_thousand_positions():
+    """train.py and sft.py build their buffer with the default capacity: 10,000 positions (a K+R v K set of over
+    10,000 legal ones, Black to move), not fewer."""
+    boards = []
+    for wk, bk, rook in itertools.product(range(64), range(64), range(0, 64, 3)):
+        if len({wk, bk, rook}) == 3 and len(boards) < 12000:
+            board = chess.Board.empty()
+            board.set_piece_map({wk: chess.Piece(chess.KING, chess.WHITE), bk: chess.Piece(chess.KING, chess.BLACK),
+                                 rook: chess.Piece(chess.ROOK, chess.WHITE)})
+            board.turn = chess.BLACK
+            boards.append(board)
+    kept = [b for b in boards if b.is_valid() and not b.is_game_over()]
+    buf = ReplayBuffer()
+    buf.held_out = frozenset()
+    for board in boards:
+        buf.add(board.fen(), board=board)
+    assert len(kept) > 10000 and len(buf) == 10000
+    assert [f for f, _ in buf.items.values()] == [b.fen() for b in kept[-10000:]]  # the oldest went out
+
+
 def test_no_training_prompt_shows_a_held_out_position():
     """A pool position one move (a8b8) from an eval position: the replay buffer refuses the eval position, and an
     A: prompt of that move is drawn again, by the pool and by the stream of --data_source generate, so neither an
@@ -651,6 +692,36 @@ def test_stream_source_labels_no_more_than_ahead_positions_before_they_are_neede
     assert [s.task for s in StreamSource(LabelsAhead(), env_ratio=1.0, seed=0).draw(3)] == ["P", "A", "A"]
 
 
+def test_stream_source_tops_its_window_up_once_half_of_it_is_drawn(monkeypatch):
+    """Stockfish stays at least half a window ahead: with ahead 8, the 5th draw sends 4 more (8 + 4 by then), so a
+    position is never asked for only when it is needed."""
+    monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
+    labels = CountedLabels()
+    source = StreamSource(labels, env_ratio=0.0, seed=0, ahead=8)
+    sent = []
+    for _ in range(12):
+        source.draw(1)
+        sent.append(labels.submitted)
+    assert sent == [8] * 4 + [12] * 4 + [16] * 4
+
+
+def test_generate_source_takes_its_settings_from_the_config(monkeypatch):
+    """make_source for --data_source generate: Stockfish at --stockfish_depth with --annotate_workers, the A: share
+    --mix_env_ratio, the FEN width --policy_pad, seed --seed + rank, a window of 1024 recent positions."""
+    made = []
+
+    class Made(LabelsAhead):
+        def __init__(self, *a, **kw):
+            made.append((a, kw))
+    monkeypatch.setattr(dataset, "Annotator", Made)
+    cfg = Config(data_source="generate", stockfish_path="sf", stockfish_depth=7, annotate_workers=3, mix_env_ratio=0.4,
+                 seed=5, policy_pad="89")
+    source = make_source(cfg, rank=2)
+    assert made == [(("sf",), {"depth": 7, "workers": 3})]
+    assert (source.env_ratio, source.pads, source.recent.maxlen) == (0.4, (89,), 1024)
+    assert source.rng.getstate() == random.Random(7).getstate() and source.seed == 7
+
+
 def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):
     """--data_source generate with --policy_pad 89: the stream's P: prompts are 89 wide, as the pool's are; each
     keeps the moves that led to its position (the replay buffer extends them with the best move)."""
@@ -659,6 +730,17 @@ def test_stream_source_pads_its_p_prompts_at_the_configured_width(monkeypatch):
     assert [s.prompt for s in drawn] == [policy_prompt(s.fen, 89) for s in drawn]
     assert [s.history for s in drawn] == [h for _, h, _ in itertools.islice(iter_positions(0), 2)] and drawn[0].history
     assert {len(s.prompt) for s in drawn} == {3 + 88}
+
+
+def test_stream_a_prompts_carry_the_moves_that_led_to_their_position(monkeypatch):
+    """An A: prompt on a recent stream position prints the moves that led there (the stream's history) and its own."""
+    monkeypatch.setattr("mini.dataset.held_out_keys", frozenset)  # not the point here
+    source = StreamSource(LabelsAhead(), env_ratio=0.0, seed=0, ahead=2)
+    source.draw(4)
+    history = {fen: h for fen, h, _ in itertools.islice(iter_positions(0), 4)}
+    drawn = source.draw(30, env_ratio=1.0)
+    assert all(s.task == "A" and s.history == history[s.fen] + [s.move] for s in drawn)
+    assert all(history.values())
 
 
 KIWIPETE = "r3k2r/p1ppqpb1/bn2pnp1/3PN3/1p2P3/2N2Q1p/PPPBBPPP/R3K2R w KQkq - 0 1"  # not a stream position

@@ -241,6 +241,29 @@ def test_build_mates_keeps_at_most_per_game_positions_of_a_game(monkeypatch, per
     assert all(per[g] == per_game for g in per if mates_in[g - 1] >= per_game and g < len(mates_in))
 
 
+def test_build_mates_plays_each_game_at_one_drawn_bias_to_max_plies_and_keeps_plies_drawn_at_random(monkeypatch):
+    """With every position a mate in one (a stand-in search): each game is played at one capture bias drawn from
+    0.5, 1 and 3, searched before each of its first max_plies plies (0 to 29) and never after; the one position kept
+    of each game is drawn from all of them (not its first), labelled with its phase."""
+    searched, biases, play = [], [], positions.play
+    monkeypatch.setattr(positions, "mating_moves", lambda board: (searched.append(board.ply()), ["a1a2"])[1])
+
+    def spy(board, rng, capture_bias=0.5):
+        if board.ply() == 0:
+            biases.append(set())
+        biases[-1].add(capture_bias)
+        play(board, rng, capture_bias)
+    monkeypatch.setattr(positions, "play", spy)
+    kept = build_mates(20, seed=0, max_plies=30, per_game=1)
+    assert max(searched) == 29 and all(len(b) == 1 for b in biases) and set.union(*biases) == {0.5, 1.0, 3.0}
+    plies = [chess.Board(r["fen"]).ply() for r in kept]
+    assert sum(plies) / len(plies) > 8  # uniform over 0-29 is 14.5; the first of each game, 0-2
+    for r, ply in zip(kept, plies):
+        board = chess.Board(r["fen"])
+        assert r["phase"] == ("opening" if ply <= 16 else "middlegame" if len(board.piece_map()) >= 14 else "endgame")
+    assert {r["phase"] for r in kept} >= {"opening", "middlegame"}
+
+
 QGD_10 = "d2d4 d7d5 c2c4 e7e6 b1c3 g8f6 c1g5 f8e7 e2e3 e8g8".split()  # Black castles
 
 
@@ -292,6 +315,24 @@ def test_env_samples_favour_game_ending_moves():
     assert 0.4 <= moves.count("a1a8") / 300 <= 0.66
 
 
+def test_a_legal_a_move_is_drawn_by_plausibility_and_an_illegal_one_never_stays_on_its_square():
+    """Nxd4 wins the queen (weight 40 of the 7 legal moves' 42.8): drawn ~93% of the time, not 1 in 7. A lone
+    king's illegal moves are random squares, never its own (a from-to of one square is no move)."""
+    fen, rng = "4k3/8/8/8/3q4/8/4N3/4K3 w - - 0 1", random.Random(0)
+    moves = [random_env_sample(fen, [], rng, illegal_rate=0.0, garbage_rate=0.0).move for _ in range(200)]
+    assert moves.count("e2d4") / 200 >= 0.85
+    moves = [random_env_sample("4k3/8/8/8/8/8/8/4K3 w - - 0 1", [], rng, illegal_rate=1.0, garbage_rate=0.0).move
+             for _ in range(400)]
+    assert all(m[:2] == "e1" and m[2:] != "e1" for m in moves) and len(set(moves)) > 40
+
+
+def test_env_samples_favour_a_stalemating_move_as_a_game_ending_one():
+    """A stalemate ends the game too: Qf7, the one stalemating move of 29 (none mates), is drawn about half the time."""
+    fen, rng = "7k/8/8/6K1/8/8/8/5Q2 w - - 0 1", random.Random(0)
+    moves = [random_env_sample(fen, [], rng, illegal_rate=0.0, garbage_rate=0.0).move for _ in range(300)]
+    assert 0.4 <= moves.count("f1f7") / 300 <= 0.66
+
+
 def test_an_illegal_move_breaks_the_check_rules_half_the_time_and_a_lost_position_gets_one():
     """The illegal A: moves are half the time moves that break only the check rules (here the pinned Ne2's six
     moves), else a random own piece to a random square (which names one of those six ~5% of the time): ~52%.
@@ -332,6 +373,47 @@ def test_a_piece_is_lost_where_a_cheaper_piece_or_any_piece_unopposed_takes_it(f
 ])
 def test_random_play_weighs_moves_by_hand(fen, uci, weight):
     assert positions._weight(chess.Board(fen), chess.Move.from_uci(uci), 0.5) == pytest.approx(weight)
+
+
+def test_random_play_weighs_an_unsafe_capture_by_the_capture_bias():
+    """Nxd6 takes a pawn the c7 pawn defends (lost, gain 1 < 3): the wide centre's 1 + 1 plus capture_bias x 1,
+    then the 0.1 discount; a bishop developing from the back rank gets the same 2 as a knight."""
+    board, move = chess.Board("4k3/2p5/3p4/8/4N3/8/8/4K3 w - - 0 1"), chess.Move.from_uci("e4d6")
+    assert [positions._weight(board, move, bias) for bias in (0.5, 3.0)] == pytest.approx([(2 + 0.5) * 0.1,
+                                                                                           (2 + 3.0) * 0.1])
+    board = chess.Board("4k3/8/8/8/8/8/8/2B1K3 w - - 0 1")
+    assert positions._weight(board, chess.Move.from_uci("c1e3"), 0.5) == pytest.approx(1 + 1 + 2)
+
+
+class Extreme(random.Random):
+    """A seeded Random whose randint always returns one end of its range (lo or hi)."""
+
+    def __init__(self, seed, end):
+        super().__init__(seed)
+        self.end = end
+
+    def randint(self, a, b):
+        return b if self.end == "hi" else a
+
+
+def test_random_positions_are_played_to_their_phases_ply_ranges(monkeypatch):
+    """An opening is 6-16 plies and a middlegame 20-70 (the ends drawn); an endgame is played capture-happy
+    (capture_bias 3) while it has 14 or more pieces, then 0-6 plain plies."""
+    for end, opening, middlegame in (("lo", 6, 20), ("hi", 16, 70)):
+        for seed in range(3):
+            assert positions.random_position(Extreme(seed, end), "opening").ply() == opening
+            assert positions.random_position(Extreme(seed, end), "middlegame").ply() == middlegame
+    calls, play = [], positions.play
+    monkeypatch.setattr(positions, "play", lambda board, rng, capture_bias=0.5: (
+        calls.append((board.ply(), len(board.piece_map()), capture_bias)), play(board, rng, capture_bias)))
+    for seed in range(6):
+        calls.clear()
+        board = positions.random_position(Extreme(seed, "hi"), "endgame")
+        last = max(i for i, (ply, _, _) in enumerate(calls) if ply == 0)  # the attempt that was returned
+        kept = calls[last:]
+        plain = [pieces for _, pieces, bias in kept if bias == 0.5]
+        assert all(pieces >= 14 for _, pieces, bias in kept if bias == 3.0)
+        assert len(plain) == 6 and plain[0] < 14 and board.ply() == len(kept)
 
 
 def test_random_play_draws_by_the_cubed_weights():
@@ -563,6 +645,27 @@ def test_engine_move_samples_near_the_best_score_for_the_side_to_move():
     for seed in range(20):
         move, best = engine_move(engine, board, random.Random(seed), 100, 10.0)
         assert (move.uci(), best) == (second, 200)
+
+
+def test_engine_move_searches_five_lines_at_the_styles_node_budget():
+    """The best of five MultiPV lines is the fifth here (400 cp against 0): at 10 cp it is played; the search is
+    limited to the style's nodes."""
+    board, asked = chess.Board(), []
+
+    class Spy(FakeEngine):
+        def analyse(self, board, limit, multipv=1, game=None):
+            asked.append((limit.nodes, multipv))
+            return super().analyse(board, limit, multipv, game)
+    fifth = sorted(m.uci() for m in board.legal_moves)[4]
+    move, best = engine_move(Spy(lambda b, i: [0, 0, 0, 0, 400][i]), board, random.Random(0), 300, 10.0)
+    assert (move.uci(), best, asked) == (fifth, 400, [(300, 5)])
+
+
+def test_game_ending_thresholds_are_those_the_shipped_games_were_played_with():
+    """The shipped realistic games (mini/data/eval_games.jsonl, the games pools) were played with these since they
+    were introduced: a change would make a rebuild of them another data set."""
+    assert (positions.RESIGN_CP, positions.RESIGN_PLIES) == (900, 4)
+    assert (positions.DRAW_CP, positions.DRAW_PLIES, positions.DRAW_FROM, positions.MAX_PLIES) == (30, 20, 120, 300)
 
 
 def steady(cp):

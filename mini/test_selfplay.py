@@ -240,6 +240,33 @@ def test_a_second_refresh_makes_the_first_ones_labels_drawable(monkeypatch):
     assert (src.metrics["selfplay_positions"], src.metrics["selfplay_transitions"]) == (2, 4)  # 4 moves, 2 labelled
 
 
+def test_settings_reach_the_annotator_and_the_model_player(monkeypatch):
+    """Stockfish labels at the given depth, workers and cache with 5 lines; the model plays at the given temperature,
+    top_k and max_new_tokens, with the seed and autocast each refresh passes."""
+    made, players = [], []
+    monkeypatch.setattr("mini.selfplay.Annotator", lambda *a, **kw: made.append((a, kw)))
+    monkeypatch.setattr("mini.selfplay.model_player", lambda *a, **kw: players.append((a, kw)))
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)
+    src = SelfPlaySource("tok", games=1, temperature=0.7, top_k=5, max_new_tokens=40, depth=6, workers=2,
+                         cache_path="c.jsonl", stockfish_path="sf")
+    assert made == [(("sf",), {"depth": 6, "workers": 2, "cache_path": "c.jsonl", "multipv": 5})]
+    src.player("model", 11, "bf16")
+    assert players == [(("model", "tok", 0.7, 5, 11, 40), {"autocast": "bf16"})]
+
+
+def test_self_play_moves_keep_the_moves_that_led_to_them(monkeypatch):
+    """A self-play A: move is kept with its position and the last 9 moves that led there, the move at the end."""
+    monkeypatch.setattr("mini.selfplay.Annotator", Labeller)
+    monkeypatch.setattr("mini.selfplay.held_out_keys", frozenset)
+    src = SelfPlaySource(None, games=1, plies=12, player=by_model)
+    src.refresh("first")
+    want = {}  # a position met again with the same move is kept once
+    for fen, history in line("initial", RULES["first"], 12):
+        move = RULES["first"](sorted(legal_ucis(fen)))
+        want.setdefault((position_key(fen), move), (fen, move, history + [move]))
+    assert list(src.moves.values()) == list(want.values()) and max(len(h) for _, _, h in want.values()) == 10
+
+
 @pytest.mark.parametrize("games,plies,max_plies", [(1, 2, 2), (2, 6, 200)])
 def test_a_restored_source_keeps_no_transition_twice(monkeypatch, games, plies, max_plies):
     """One game of 2 plies from initial, then ruy_lopez, then initial again: the third game replays the first one's
