@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -209,9 +210,10 @@ def test_collectives_reduce_a_float64_copy_and_give_back_the_callers_type(monkey
     monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
     mine = torch.tensor([2.0], dtype=torch.float64)
     assert distributed.all_sum(2.0) == 2**24 + 3 and distributed.all_max(2.0) == 2**24 + 1
+    assert type(distributed.all_sum(2.0)) is float and type(distributed.all_max(2.0)) is float  # not a 0-d tensor
     assert distributed.all_sum(mine).tolist() == [2**24 + 3] and mine.tolist() == [2.0]
     counts = distributed.all_sum(torch.tensor([2]))
-    assert counts.dtype == torch.int64 and counts.tolist() == [2**24 + 3] and reduced == [torch.float64] * 4
+    assert counts.dtype == torch.int64 and counts.tolist() == [2**24 + 3] and reduced == [torch.float64] * 6
 
 
 def test_each_rank_takes_its_local_gpu_and_joins_once(monkeypatch):
@@ -236,6 +238,90 @@ def test_each_rank_takes_its_local_gpu_and_joins_once(monkeypatch):
     assert joined == [("gloo", datetime.timedelta(minutes=30))]
 
 
+def test_the_batch_probe_counts_moments_in_the_parameters_dtype():
+    """AdamW keeps its two moments in each parameter's own dtype: 2 x 2 bytes a bf16 parameter, 2 x 4 an fp32 one,
+    so a bf16 model's state is not counted twice over."""
+    from mini.autobatch import optimizer_state_bytes
+    half, full = torch.nn.Parameter(torch.zeros(10, dtype=torch.bfloat16)), torch.nn.Parameter(torch.zeros(3))
+    assert optimizer_state_bytes(torch.optim.AdamW([half, full])) == 2 * 2 * 10 + 2 * 4 * 3
+
+
+class ProbedTrainer:
+    """What probe_peak_memory uses of train.Trainer, on a fake CUDA memory counter: a step of b prompts with
+    completions w wide allocates 100 * b * w bytes; the peak counter holds the most since its last reset."""
+
+    def __init__(self, monkeypatch):
+        self.mem = {"peak": 0}
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: self.mem.update(peak=0))
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: self.mem["peak"])
+        frozen = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # no moments to count
+        self.optimizer, self.model, self.local_batch = torch.optim.AdamW([frozen]), object(), 1
+        self.cfg, self.tok = Config(max_new_tokens=3), types.SimpleNamespace(eos_token_id=0)
+        self.baseline = types.SimpleNamespace(state_dict=dict, load_state_dict=lambda state: None)
+        self.rollouts, self.rewards = [], []
+
+    def rank_state(self):
+        return {}
+
+    def load_rank_state(self, state):
+        pass
+
+    def rollout(self):
+        self.rollouts.append(self.local_batch)
+        return Rollout([None] * self.local_batch, [[1]] * self.local_batch, [[5]] * self.local_batch,
+                       [""] * self.local_batch)
+
+    def prepare(self, r):
+        pass
+
+    def advantages(self, r):
+        return r.rewards - r.rewards.mean(), None, None
+
+    def update(self, r, adv, returns, apply):
+        self.rewards.append(r.rewards)
+        step = 100 * len(r.samples) * max(map(len, r.completions))
+        self.mem["peak"] = max(self.mem["peak"], step)
+
+
+def test_each_batch_probe_measures_its_own_size_and_peak(monkeypatch):
+    """Probes of 4 then 2 prompts (completions run to --max_new_tokens 3): each samples its own size, gives the
+    update rewards that differ (no group is flat, so none is dropped from the measured step), reports its own
+    peak (1200, then 600: the counter reset, not the larger probe's), and drops the decode caches it compiled."""
+    import mini.autobatch as autobatch
+    released = []
+    monkeypatch.setattr(autobatch, "release_decode_caches", released.append)
+    trainer = ProbedTrainer(monkeypatch)
+    assert [autobatch.probe_peak_memory(trainer, b) for b in (4, 2)] == [1200, 600]
+    assert trainer.rollouts == [4, 2] and released == [trainer.model] * 2
+    assert all(len(set(r.tolist())) == len(r) for r in trainer.rewards)
+
+
+def test_auto_batch_size_of_one_process_logs_its_own_peaks(monkeypatch):
+    """--auto_batch_size without torchrun: each size's log line gives the peak of this process alone, with no
+    '(the most of 1 ranks)'; at 100 bytes a prompt and half of 1000 bytes, 5 prompts is the batch. A probe out of
+    memory (from 4 prompts on) is a size that does not fit, logged as such: 3 is the batch. On the CPU nothing is
+    probed and the batch stays."""
+    import mini.autobatch as autobatch
+    logs = []
+    trainer = types.SimpleNamespace(cuda=True, device=torch.device("cuda", 0), local_batch=1, world=1, log=logs.append,
+                                    cfg=types.SimpleNamespace(batch_size=1, k_samples=2, memory_fraction=0.5))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=1000))
+    monkeypatch.setattr(autobatch, "probe_peak_memory", lambda t, b: 100.0 * b)
+    autobatch.choose_batch_size(trainer)
+    assert logs[0] == "auto_batch_size: 1 prompts x 2 -> peak 0.0 GiB of 0.0" and not any("most of" in l for l in logs)
+    assert (trainer.local_batch, trainer.cfg.batch_size, logs[-1]) == (5, 5, "auto_batch_size: using --batch_size 5")
+    logs.clear()
+    trainer.local_batch = 1
+    monkeypatch.setattr(autobatch, "probe_peak_memory", lambda t, b: None if b >= 4 else 100.0 * b)
+    autobatch.choose_batch_size(trainer)
+    assert trainer.local_batch == 3 and "auto_batch_size: 4 prompts x 2 -> out of memory" in logs
+    trainer.cuda = False  # nothing to measure: the batch stays as given
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: pytest.fail("a CPU run probed CUDA"))
+    autobatch.choose_batch_size(trainer)
+    assert trainer.local_batch == 3 and logs[-1].endswith("on CPU the batch size stays 3")
+
+
 def test_auto_device_is_cuda_where_torch_sees_it(monkeypatch):
     """--device auto: CUDA where it is available, else the CPU; a device named is taken as named."""
     for available, want in ((True, "cuda"), (False, "cpu")):
@@ -257,6 +343,9 @@ def test_without_torchrun_the_process_is_a_world_of_one_and_cleanup_leaves_nothi
     the garbage (a DDP wrapper's reducer) first, then destroys the group."""
     alone = (distributed.world_size(), distributed.rank(), distributed.is_main(), distributed.active())
     assert alone == (1, 0, True, False)
+    # a stop's signal name or None, as a rank passes them: any truthy value is a yes
+    flags = ("SIGTERM", None, "")
+    assert [distributed.any_rank(flag) for flag in flags] == [True, False, False]
     calls = []
     monkeypatch.setattr(distributed.gc, "collect", lambda: calls.append("collect"))
     monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import mini.sft as sft
+from mini import runtime
 from mini.flags import parse_args
 from mini.config import EVAL_PATH, POOL_PATH, Config
 from mini.dataset import load_jsonl
@@ -116,6 +117,22 @@ def test_loss_is_the_full_vocabulary_cross_entropy(tok, monkeypatch):
     assert estimates.mean().item() == pytest.approx(full, abs=3 * estimates.std().item() / 200 ** 0.5 + 1e-4)
     eos_only = sft.encode_batch([Sample("A", "", "A: x", "")], tok, "cpu")  # one loss token: an eighth of it is 1
     assert sft.sft_loss(model, *eos_only).item() == pytest.approx(full_vocab_loss(model, eos_only), abs=1e-4)
+
+
+def test_the_loss_under_bf16_autocast_is_taken_in_fp32(tok):
+    """Under --bf16_cpu's autocast the logits are bf16, but both logsumexps (restricted and full) run in fp32, so the
+    loss is the fp32 one's on the same positions to within bf16's rounding of the logits: in bf16 each position's
+    loss near 10.7 is a multiple of 1/16, and their mean 0.004 off here."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, n_positions=256))
+    batch = sft.encode_batch(load_jsonl(POOL_PATH)[:3], tok, "cpu")
+    with torch.no_grad():
+        torch.manual_seed(1)  # the same corrected positions in both
+        fp32 = sft.sft_loss(model, *batch).item()
+        torch.manual_seed(1)
+        with runtime.autocast(torch.device("cpu"), Config(bf16_cpu=True)):
+            loss = sft.sft_loss(model, *batch)
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(fp32, abs=1e-3)
 
 
 def test_short_run_learns_and_writes_a_snapshot(tok, tmp_path):
@@ -237,7 +254,9 @@ def test_a_million_layers_are_counted_not_built(monkeypatch):
     d, V, P = 16, 50257, 256
     n = V * d + P * d + 10**6 * (12 * d * d + 13 * d) + 2 * d  # as above, exact
     monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n - 1)
-    with pytest.raises(ValueError, match=rf"a model of 1000000 layers of width 16 has {n / 1e6:,.0f}M parameters"):
+    # 16 bytes each of 3,280,808,240 parameters: 48.89 GiB (52.49 GB)
+    with pytest.raises(ValueError, match=r"a model of 1000000 layers of width 16 has 3,281M parameters, which take "
+                                         r"about 48.89 GiB to train and cpu has 48.89 GiB free"):
         sft.check_fits(GPTConfig(10**6, 1, d, P), torch.device("cpu"))
     monkeypatch.setattr(sft, "free_memory_bytes", lambda device: 16 * n)
     sft.check_fits(GPTConfig(10**6, 1, d, P), torch.device("cpu"))
@@ -275,6 +294,7 @@ def test_a_run_directory_is_never_reused_by_accident(tmp_path, capsys):
     argv = ["--model_path", "scratch", "--n_layer", "1", "--n_head", "1", "--n_embd", "16", "--log_dir", str(tmp_path),
             "--run_name", "t", "--steps", "1", "--batch_size", "2"]
     assert sft.main(argv) == 0
+    assert not (tmp_path / "t" / "run.lock").exists()  # a finished run lets go of its directory
     log = (tmp_path / "t" / "sft.log").read_text()
     assert sft.main(argv) == 1
     assert capsys.readouterr().err.strip().endswith("already holds a run; start afresh with --overwrite (the old run is "
@@ -340,7 +360,7 @@ class LoopSpy:
 
     def __init__(self, monkeypatch, dt, grad_clip):
         self.now, self.losses, self.expected, self.tokens, self.lrs, self.grad_err, self.rows = -dt, [], [], [], [], [], []
-        self.closed = 0  # data sources closed
+        self.closed, self.reporters_closed = 0, 0  # data sources and reporters closed
         real_loss, real_conf = sft.sft_loss, GPT.configure_optimizers
 
         def clock():
@@ -370,6 +390,7 @@ class LoopSpy:
                 return step(*args, **kw)
 
             opt.step = watched_step
+            self.optimizer = opt
             return opt
 
         class Reporter:
@@ -377,7 +398,7 @@ class LoopSpy:
                 self.rows.append((step, row))
 
             def close(_):
-                pass
+                self.reporters_closed += 1
 
         class Data:  # a few fixed samples in turn: the loop is under test here, not the data (~5 s to load)
             def __init__(_, cfg):
@@ -420,6 +441,17 @@ def test_training_loop_by_hand_lr_schedule_clipping_fresh_gradients_and_logged_m
     assert r13["tokens_per_s"] == pytest.approx(sum(spy.tokens[10:]) / 4)
     log = (tmp_path / "h" / "sft.log").read_text()
     assert f"step    13 | loss {r13['loss']:.4f} | lr {want[12]:.2e}" in log and "done: 13 steps" in log
+    assert spy.reporters_closed == 1  # W&B/TensorBoard write their last rows on close
+
+
+def test_the_optimizer_takes_the_runs_betas_and_weight_decay(tmp_path, monkeypatch):
+    """--adam_beta1 0.8 --adam_beta2 0.9 --weight_decay 0.05 reach sft.py's AdamW in that order: the decayed group
+    gets 0.05, the other (biases, norms, embeddings) none."""
+    spy = LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "o", "--steps", "1", "--adam_beta1", "0.8",
+                            "--adam_beta2", "0.9", "--weight_decay", "0.05"]) == 0
+    groups = spy.optimizer.param_groups
+    assert {g["betas"] for g in groups} == {(0.8, 0.9)} and sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
 
 
 def test_time_limit_schedule_and_stop_by_hand(tmp_path, monkeypatch):
@@ -466,7 +498,7 @@ def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, mo
 
 
 @pytest.mark.sends_signals
-def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch):
+def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch, capsys):
     """A SIGTERM during the last of --steps 3 saves the finished run and exits 0; the same signal in step 2 saves a
     run stopped short, which exits 128 + 15 so that a scheduler knows it is not done."""
     LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
@@ -486,6 +518,8 @@ def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, monkeypatch):
         assert sft.main(TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--run_name", run]) == code
         log = (tmp_path / run / "sft.log").read_text()
         assert f"SIGTERM: saving the snapshot at step {at}" in log and f"done: {at} steps" in log
+        # the signal came in step `at` (counted from 1), which the run finishes before it saves
+        assert f"SIGTERM: finishing step {at}, then saving the snapshot" in capsys.readouterr().err
 
 
 def test_snapshots_on_the_way_outlive_a_crash(tmp_path, monkeypatch):
@@ -550,6 +584,64 @@ def test_a_diverged_run_saves_nothing_after_it(tmp_path, monkeypatch):
     assert sft.main(argv[:-4] + ["--steps", "16", "--run_name", "poisoned"]) == 1  # calls 8 to 23: 16 steps
     assert "the weights after step 16 are not finite" in (tmp_path / "poisoned" / "sft.log").read_text()
     assert not (tmp_path / "poisoned" / "final").exists()
+    monkeypatch.setattr(sft, "sft_loss", lambda *batch: loss(*batch) * float("inf"))  # an overflow: inf, not NaN
+    assert sft.main(argv[:-4] + ["--steps", "3", "--run_name", "inf"]) == 1
+    assert "loss inf at step 1: the run diverged" in (tmp_path / "inf" / "sft.log").read_text()
+    assert not (tmp_path / "inf" / "final").exists()
+
+
+def test_a_second_ctrl_c_names_the_snapshot_kept(tmp_path, monkeypatch, capsys):
+    """A second Ctrl-C in step 3, after a snapshot of step 1 on the way (taken before step 2's update), quits with 130
+    and sft.log says final/ holds step 1's; one during the final save, after snapshots of steps 1 and 2, likewise
+    quits at once with 130 and says that final/ holds the last snapshot, which it does, not that nothing was saved."""
+    from mini.runs import RunDir
+    LoopSpy(monkeypatch, dt=5.0, grad_clip=1.0)
+    loss, calls = sft.sft_loss, []
+
+    def interrupted_at_the_third_step(*batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return loss(*batch)
+    monkeypatch.setattr(sft, "sft_loss", interrupted_at_the_third_step)
+    argv = TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--snapshot_every_min", "0.05"]
+    assert sft.main(argv + ["--run_name", "q"]) == 130
+    assert (tmp_path / "q" / "sft.log").read_text().rstrip().endswith(
+        "quit at step 2 without saving; final/ holds the snapshot of step 1")
+    monkeypatch.setattr(sft, "sft_loss", loss)
+    save, saves = RunDir.save_final, []
+
+    def interrupted_at_the_third_save(run, *a):
+        saves.append(1)
+        if len(saves) == 3:
+            raise KeyboardInterrupt
+        return save(run, *a)
+    monkeypatch.setattr(RunDir, "save_final", interrupted_at_the_third_save)
+    capsys.readouterr()
+    assert sft.main(argv + ["--run_name", "s"]) == 130
+    final = tmp_path / "s" / "final"
+    assert capsys.readouterr().err.strip().endswith(f"quit at once; {final} holds the last snapshot")
+    assert load_model(str(final))[0].config.n_layer == 1
+
+
+def test_a_dead_engine_or_a_damaged_snapshot_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """A Stockfish engine that died during a step (EngineFailure, --data_source generate's labels) and a snapshot whose
+    config.json is not JSON each end sft.py with exit 1 and one sentence on stderr, not a traceback."""
+    from mini.stockfish import EngineFailure
+    LoopSpy(monkeypatch, dt=1.0, grad_clip=1.0)
+
+    def engine_died(*batch):
+        raise EngineFailure("Stockfish died 3 times on one position")
+    monkeypatch.setattr(sft, "sft_loss", engine_died)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--run_name", "e", "--steps", "3"]) == 1
+    assert capsys.readouterr().err == "error: Stockfish died 3 times on one position\n"
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "config.json").write_text("not json")
+    argv = ["--model_path", str(tmp_path / "snap"), "--log_dir", str(tmp_path), "--run_name", "d", "--steps", "1"]
+    assert sft.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "is damaged (not JSON)" in err
+    assert not (tmp_path / "d").exists()
 
 
 def test_sft_log_is_closed_however_the_run_ends(tmp_path, monkeypatch):
