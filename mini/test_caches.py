@@ -9,6 +9,7 @@ this Annotator's settings in any one of them is a miss: a planted record with a 
 """
 import json
 import os
+import re
 import socket
 
 import chess
@@ -108,14 +109,14 @@ def test_a_move_cache_cut_back_or_made_anew_is_read_from_its_start(tmp_path):
 @needs_stockfish
 def test_a_damaged_move_cache_line_is_read_past_not_a_traceback(tmp_path):
     """Lines that are JSON but not a record (a number, a list, a record without its position or its eval, or with a
-    position or move that is not text, nesting too deep for the parser) are skipped like a cut-off line: the
-    records around them are read."""
+    position or move that is not text, nesting too deep for the parser) or bytes that are no UTF-8 are skipped like
+    a cut-off line: the records around them are read."""
     cache = tmp_path / "moves.jsonl"
     damaged = ["123", "[1, 2]", '"text"', json.dumps({k: v for k, v in move_record().items() if k != "fen"}),
                "[" * 100_000 + "]" * 100_000, json.dumps(move_record(fen=[START])), json.dumps(move_record(move={})),
                json.dumps({k: v for k, v in move_record(move="d2d4").items() if k != "cp"}),
                json.dumps(move_record(move="d2d4", cp="x")), json.dumps(move_record(move="g1f3", cp=1.5))]
-    cache.write_text("\n".join(damaged + [json.dumps(move_record())]) + "\n")
+    cache.write_bytes(b'{"fen": "\xff"}\n' + ("\n".join(damaged + [json.dumps(move_record())]) + "\n").encode())
     with Annotator(workers=1, cache_path="", multipv=1, move_cache_path=str(cache), depth=2) as ann:
         assert ann.move_cache == {(START, "e2e4"): 12345}
 
@@ -132,7 +133,8 @@ def test_a_label_line_whose_position_is_not_text_is_read_past(tmp_path):
 
 @needs_stockfish
 @pytest.mark.parametrize("moves, evals", [("a2a3", [9.99]), (["a2a3"], ["x"]), (["a2a3"], [9.99, 1.0]),
-                                          ([1], [9.99]), (["a2a3"], [None]), (["a2a3"], [True])])
+                                          ([1], [9.99]), (["a2a3"], [None]), (["a2a3"], [True]), ("a", [9.99]),
+                                          ({"a2a3": 1}, [9.99])])
 def test_a_label_line_of_other_moves_or_evals_is_read_past(tmp_path, moves, evals):
     """A label line whose moves or evals are not a list of UCI strings and as many numbers (hand-edited or damaged) is
     read past, where its "x" reached the policy reward as a string."""
@@ -140,6 +142,62 @@ def test_a_label_line_of_other_moves_or_evals_is_read_past(tmp_path, moves, eval
     append_jsonl(cache, [label_record(moves=moves, evals=evals, fen="8/8/8/8/8/8/8/K6k w - - 0 1"), label_record()])
     with Annotator(workers=1, cache_path=cache, depth=2) as ann:
         assert ann.cache == {START: PLANTED}
+
+
+@needs_stockfish
+@pytest.mark.parametrize("missing", ["moves", "evals", "fen"])
+def test_a_label_line_without_its_moves_or_evals_is_read_past(tmp_path, missing):
+    """A label line of this Annotator's settings that lacks a key (damaged or hand-edited) is skipped, not a KeyError
+    when the cache loads; the whole record after it is read."""
+    cache = str(tmp_path / "labels.jsonl")
+    damaged = {k: v for k, v in label_record(fen="8/8/8/8/8/8/8/K6k w - - 0 1").items() if k != missing}
+    append_jsonl(cache, [damaged, label_record()])
+    with Annotator(workers=1, cache_path=cache, depth=2) as ann:
+        assert ann.cache == {START: PLANTED}
+
+
+@needs_stockfish
+def test_a_fen_given_twice_is_searched_and_cached_once(tmp_path):
+    """annotate() searches each distinct FEN once: a repeated one is neither searched again nor written twice."""
+    cache, searched = tmp_path / "labels.jsonl", []
+    with Annotator(workers=1, cache_path=str(cache), multipv=1, depth=2) as ann:
+        search = ann._search
+        ann._search = lambda engine, fen: searched.append(fen) or search(engine, fen)
+        got = ann.annotate([START, START])
+    assert searched == [START] and len(cache.read_text().splitlines()) == 1 and list(got) == [START]
+
+
+DYING = """#!/bin/sh
+while read cmd rest; do
+  case $cmd in
+    uci) printf 'id name DyingFish\\noption name Threads type spin default 1 min 1 max 512\\n'
+         printf 'option name MultiPV type spin default 1 min 1 max 500\\nuciok\\n';;
+    isready) echo readyok;;
+    go) exit 3;;
+    quit) exit 0;;
+  esac
+done
+"""
+
+
+@needs_stockfish
+def test_a_dying_engine_is_tried_three_times_then_named(tmp_path, monkeypatch):
+    """An engine that dies on every search is started 3 times (README: after 3 tries the run stops), then one
+    EngineFailure names it, the position and the deadline (MultiPV 5 at depth 1: 10 + 20 x 1.6 ms x 5 = 10.16 s);
+    every later call fails at once with it, starting no engine."""
+    path = tmp_path / "dying"
+    path.write_text(DYING)
+    path.chmod(0o755)
+    starts, open_engine = [], stockfish.open_engine
+    monkeypatch.setattr(stockfish, "open_engine", lambda *a: starts.append(a) or open_engine(*a))
+    with Annotator(str(path), workers=1, cache_path="", depth=1) as ann:
+        failure = "^" + re.escape(f"DyingFish ({path}) died 3 times on {START} (deadline 10.2 s a call); check the")
+        with pytest.raises(stockfish.EngineFailure, match=failure):
+            ann.annotate([START])
+        assert len(starts) == 3
+        with pytest.raises(stockfish.EngineFailure, match=failure):
+            ann.evals_after([(START, "e2e4")])
+        assert len(starts) == 3
 
 
 @needs_stockfish

@@ -217,6 +217,34 @@ def test_an_engines_name_is_its_uci_id_name(tmp_path):
     assert find_stockfish(unnamed) == unnamed and ENGINE_NAMES[unnamed] == "unnamed engine"
 
 
+def test_an_engine_killed_after_its_uciok_is_accepted(tmp_path):
+    """A signal after the handshake's `uciok` (the engine spoke UCI, then died): accepted under its name, not called
+    killed during its handshake; only a kill before `uciok` is (mini/test_faults.py)."""
+    killed = script(tmp_path, "killed_after", b"#!/bin/sh\necho 'id name KilledFish'\necho uciok\nkill -9 $$\n")
+    assert find_stockfish(killed) == killed and ENGINE_NAMES[killed] == "KilledFish"
+
+
+def test_stockfish_off_path_is_found_in_usr_games(tmp_path, monkeypatch):
+    """Debian installs Stockfish in /usr/games, which is often not on PATH: found there without --stockfish_path."""
+    if not os.access("/usr/games/stockfish", os.X_OK):
+        pytest.skip("no /usr/games/stockfish")
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    assert find_stockfish() == "/usr/games/stockfish"
+
+
+@needs_stockfish
+def test_a_short_call_deadline_still_allows_the_handshake(tmp_path):
+    """A shallow search's deadline (a fraction of a second once ENGINE_GRACE_S is small) bounds the searches, not
+    the engine's start: an engine that takes 1 s to answer `uci` starts, and searches."""
+    import chess.engine
+    slow = script(tmp_path, "slow", f"#!/bin/sh\nsleep 1\nexec {STOCKFISH}\n".encode())
+    engine = stockfish.open_engine(slow, 0.5)
+    try:
+        assert engine.timeout == 0.5 and engine.analyse(chess.Board(), chess.engine.Limit(depth=1))["pv"]
+    finally:
+        stockfish.close_engine(engine)
+
+
 def test_a_file_that_cannot_be_run_is_one_sentence(tmp_path):
     """An executable file the system cannot start (no #! line, not a program): one sentence, no traceback."""
     bad = script(tmp_path, "notaprogram", b"\x00\x01\x02 not a program")
@@ -290,11 +318,13 @@ def test_a_mate_after_the_move_counts_the_move(tmp_path):
 
 @needs_stockfish
 def test_a_move_that_ends_the_game_is_scored_without_a_search():
-    """Rh8 mates at once: MATE_CP - 1 for the mover (mate in 1); Qb6 stalemates: 0. No engine is asked."""
+    """Rh8 mates at once: MATE_CP - 1 for the mover (mate in 1); Qb6 stalemates and Kxb2 leaves bare kings: 0.
+    No engine is asked."""
     mate, stalemate = ("k7/8/1K6/8/8/8/8/7R w - - 0 1", "h1h8"), ("k7/8/2K5/8/8/8/8/1Q6 w - - 0 1", "b1b6")
+    bare_kings = ("k7/8/8/8/8/8/1b6/K7 w - - 0 1", "a1b2")  # Kxb2 leaves king against king: a dead draw
     with Annotator(depth=DEPTH, workers=1, cache_path="", multipv=1) as ann:
         ann._with_engine = lambda *a: pytest.fail("a finished game was searched")
-        assert ann.evals_after([mate, stalemate]) == {mate: MATE_CP - 1, stalemate: 0}
+        assert ann.evals_after([mate, stalemate, bare_kings]) == {mate: MATE_CP - 1, stalemate: 0, bare_kings: 0}
 
 
 @needs_stockfish
