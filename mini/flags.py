@@ -149,7 +149,11 @@ def not_a_device(path):
     """path, unless it names a device: ValueError in one sentence, as /dev/zero would be read for ever and a
     terminal waits for typing. A pipe is read (`<(zcat x.gz)`, a FIFO: it ends when its writer does); a folder or
     a missing file is left to open()'s own error."""
-    if os.path.exists(path) and (stat.S_ISCHR(os.stat(path).st_mode) or stat.S_ISBLK(os.stat(path).st_mode)):
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         raise ValueError(f"{path} is a device, not a file; name a file")
     return path
 

@@ -41,6 +41,17 @@ def tok():
     return Tokenizer.gpt2()
 
 
+def ctrl_c_at_call(fn, n):
+    """fn, but its n-th call raises KeyboardInterrupt instead: a Ctrl-C at that point of a run."""
+    calls = []
+
+    def wrapped(*a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return fn(*a, **kw)
+    return wrapped
+
 def test_loss_mask_covers_completion_and_final_eos(tok):
     samples = [Sample("A", "", "A: a+", "b+1"),   # A | : | ' a' | + || b | + | 1 | EOS
                Sample("P", "", "P: k  ", " M: x"),  # P | : | ' k' | ' ' | ' ' || ' M' | : | ' x' | EOS
@@ -484,14 +495,7 @@ def test_a_run_is_its_seed_and_a_second_ctrl_c_quits_without_saving(tmp_path, mo
     assert all(torch.equal(a[k], b[k]) for k in a)
     settings = json.loads((tmp_path / "a" / "sft.log").read_text().splitlines()[0].removeprefix("config "))
     assert settings == json.loads(json.dumps(dataclasses.asdict(parse_args(argv + ["--run_name", "a"], "sft"))))
-    loss, calls = sft.sft_loss, []
-
-    def interrupted_at_the_third_step(*batch):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return loss(*batch)
-    monkeypatch.setattr(sft, "sft_loss", interrupted_at_the_third_step)
+    monkeypatch.setattr(sft, "sft_loss", ctrl_c_at_call(sft.sft_loss, 3))
     assert sft.main(argv + ["--run_name", "c"]) == 130
     assert "quit at step 2 without saving" in (tmp_path / "c" / "sft.log").read_text()
     assert not (tmp_path / "c" / "final").exists() and spy.closed == 3 and handlers() == before
@@ -596,27 +600,14 @@ def test_a_second_ctrl_c_names_the_snapshot_kept(tmp_path, monkeypatch, capsys):
     quits at once with 130 and says that final/ holds the last snapshot, which it does, not that nothing was saved."""
     from mini.runs import RunDir
     LoopSpy(monkeypatch, dt=5.0, grad_clip=1.0)
-    loss, calls = sft.sft_loss, []
-
-    def interrupted_at_the_third_step(*batch):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return loss(*batch)
-    monkeypatch.setattr(sft, "sft_loss", interrupted_at_the_third_step)
+    loss = sft.sft_loss
+    monkeypatch.setattr(sft, "sft_loss", ctrl_c_at_call(loss, 3))
     argv = TINY + ["--log_dir", str(tmp_path), "--steps", "3", "--snapshot_every_min", "0.05"]
     assert sft.main(argv + ["--run_name", "q"]) == 130
     assert (tmp_path / "q" / "sft.log").read_text().rstrip().endswith(
         "quit at step 2 without saving; final/ holds the snapshot of step 1")
     monkeypatch.setattr(sft, "sft_loss", loss)
-    save, saves = RunDir.save_final, []
-
-    def interrupted_at_the_third_save(run, *a):
-        saves.append(1)
-        if len(saves) == 3:
-            raise KeyboardInterrupt
-        return save(run, *a)
-    monkeypatch.setattr(RunDir, "save_final", interrupted_at_the_third_save)
+    monkeypatch.setattr(RunDir, "save_final", ctrl_c_at_call(RunDir.save_final, 3))
     capsys.readouterr()
     assert sft.main(argv + ["--run_name", "s"]) == 130
     final = tmp_path / "s" / "final"
