@@ -14,6 +14,7 @@ import math
 import os
 import sys
 
+from mini.flags import run_command
 from mini.runs import is_number, read_rows
 
 TREND = ["reward_mean", "reward_mean_P", "reward_mean_A", "format_valid_P", "format_valid_A", "kl", "entropy",
@@ -170,4 +171,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

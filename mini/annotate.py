@@ -28,7 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
-from mini.flags import Parser, Switch, error_sentence, not_a_device
+from mini.flags import Parser, Switch, error_sentence, not_a_device, run_command
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
 from mini.formats import position_key
 from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
@@ -498,4 +498,4 @@ def build_from_generated(a):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -29,7 +29,7 @@ import torch
 
 from mini.autobatch import choose_batch_size
 from mini.config import EVAL_PATH, FIELDS, POOL_PATH, Config, at_least
-from mini.flags import Parser, Switch, error_sentence, parse_args
+from mini.flags import Parser, Switch, error_sentence, parse_args, run_command
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.evaluate import in_data_dir, save_report
@@ -565,4 +565,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

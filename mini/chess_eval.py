@@ -19,7 +19,7 @@ import chess
 import chess.engine
 
 from mini.config import EVAL_PATH, MATE_PATH, Config, at_least, between
-from mini.flags import Parser, Switch, error_sentence, unwritable_outputs
+from mini.flags import Parser, Switch, error_sentence, run_command, unwritable_outputs
 from mini.dataset import shipped_keys
 from mini.evaluate import (dict_of, finite, list_of, load_report, number, paired_bootstrap, report_path, save_or_spare,
                            save_report)
@@ -418,4 +418,4 @@ def build_command(a, argv):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mini.config import DATA_DIR, EVAL_PATH, FIELDS, Config, at_least
-from mini.flags import Parser, Switch, error_sentence, not_a_device, unwritable_outputs
+from mini.flags import Parser, Switch, error_sentence, not_a_device, run_command, unwritable_outputs
 from mini.dataset import load_jsonl, load_text
 from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, parse_env, parse_policy, repad
 from mini.loader import SNAPSHOT_FILES, LoadError, load_model
@@ -485,4 +485,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

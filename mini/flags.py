@@ -9,8 +9,12 @@ import json
 import math
 import os
 import re
+import select
+import signal
 import stat
 import sys
+
+from tqdm.auto import tqdm
 
 from mini.config import EVAL_PATH, FIELDS, MATE_PATH, START_FLAGS, Config, choices_of
 
@@ -196,6 +200,48 @@ def missing_files(values):
             out.append(f"{path} is missing (a shipped held-out file, read by --{needed_by}); restore it with "
                        "git checkout mini/data")
     return out
+
+
+def stdout_reader_gone():
+    """True when stdout is a pipe whose reader has closed it (`| head` has its lines): its write end polls POLLERR.
+    A broken pipe elsewhere (a dying Stockfish's stdin) leaves stdout as it was."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)  # no event asked for: POLLERR is always reported
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # stdout closed, or replaced by an object without a descriptor
+        return False
+
+
+def drop_stdout():
+    """What is left for stdout goes to /dev/null: its reader has gone, and a failed flush keeps the text in the
+    buffer, so that every later write and exit's own flush would fail again ('Exception ignored', exit code 120)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def echo(line):
+    """A log line on stdout, above any progress bar. Once stdout's reader has gone (`train.py | head`), the run
+    goes on with its lines in its log file alone, rather than dying of a BrokenPipeError at its next line."""
+    try:
+        tqdm.write(line)
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        drop_stdout()
+
+
+def run_command(main):
+    """sys.exit(main()) for a script. When the reader of its stdout stops reading (`analyze_metrics.py run | head`),
+    it ends as Unix tools do, quietly with 141 (128 + SIGPIPE), not in a BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()  # here, where a closed pipe is caught, not first in exit's own flush
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        drop_stdout()
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 
 
 OUTPUT_FLAGS = ("out", "plot", "pool_path", "eval_path", "json")  # files a script writes when its work is done

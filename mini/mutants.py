@@ -21,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from mini.flags import run_command
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = "mini/test_reference_step.py"
 SAMPLER_AGREES = "mini/test_reference_step.py::test_sampler_logprobs_equal_the_trainers_old_logprobs"
@@ -3667,8 +3669,8 @@ MUTANTS = [
            'seed = self.cfg.seed + 1000 * worker.id',
            ('mini/test_sft.py::test_data_workers_draw_their_own_batches_and_train',)),
     Mutant('c_sft_log_leaks', 'sft.log stays open after a run that ends early',
-           'sft.py', '        with open(run.file("sft.log"), "a") as f:\n            f.write(line + "\\n")',
-           '        f = open(run.file("sft.log"), "a")\n        f.write(line + "\\n")\n        f.flush()',
+           'runs.py', '        with disk_guard(self.file(name), len(line) + 1), open(self.file(name), "a") as f:\n            f.write(',
+           '        f = open(self.file(name), "a")\n        f.flush()\n        if True:\n            f.write(',
            ('mini/test_sft.py::test_sft_log_is_closed_however_the_run_ends',)),
     Mutant('c_sp_rng_unseeded', 'self-play draws ignore --seed',
            'selfplay.py', 'self.rng, self.refreshes, self.started = random.Random(seed), 0, 0',
@@ -5808,8 +5810,8 @@ MUTANTS = [
            '            return\n            raise RunError',
            ('mini/test_runs.py::test_a_lock_naming_no_possible_process_is_damaged',)),
     Mutant('k_train_log_overwritten', 'each train.log line replaces the ones before',
-           'runs.py', 'open(self.file("train.log"), "a") as f:',
-           'open(self.file("train.log"), "w") as f:',
+           'runs.py', 'open(self.file(name), "a") as f:\n            f.write(line',
+           'open(self.file(name), "w") as f:\n            f.write(line',
            ('mini/test_runs.py::test_train_log_and_the_jsonl_logs_grow_a_line_per_entry',)),
     Mutant('k_jsonl_overwritten', "each step's rows replace the log's earlier ones",
            'runs.py', 'open(self.file(name), "a") as f:\n            f.write(text)',
@@ -8007,6 +8009,31 @@ MUTANTS = [
            'stockfish.py', 'CP_CAP = 1000',
            'CP_CAP = 500',
            ('mini/test_chess_eval.py::test_centipawn_loss_hand_checked',)),
+    # the twelfth session: a reader of stdout that stops early (`| head`)
+    Mutant('pipe_exit_flush_raises', "after `| head`, exit's own flush of stdout fails again: 'Exception ignored', 120",
+           'flags.py', '        sys.stdout.flush()  # here, where', '        pass  # here, where',
+           ('mini/test_flags.py::test_a_short_report_whose_reader_left_before_it_ends_quietly_too',)),
+    Mutant('pipe_report_not_dropped', "after `| head`, the text left in stdout's buffer fails exit's flush: 120",
+           'flags.py', '        drop_stdout()\n        code = 128', '        code = 128',
+           ('mini/test_flags.py::test_a_short_report_whose_reader_left_before_it_ends_quietly_too',)),
+    Mutant('pipe_run_not_dropped', "a run whose stdout reader has gone fails each later line's flush and exit's",
+           'flags.py', '            raise\n        drop_stdout()\n\n', '            raise\n\n',
+           ('mini/test_flags.py::test_a_run_whose_stdout_reader_has_gone_goes_on_logging_to_its_file',)),
+    Mutant('pipe_any_broken_pipe_quiet', "any BrokenPipeError, a dying engine's too, ends a script quietly as if `| head`",
+           'flags.py', 'return any(event & select.POLLERR for _, event in poll.poll(0))', 'return True',
+           ('mini/test_flags.py::test_a_broken_pipe_elsewhere_is_still_a_fault',)),
+    Mutant('pipe_never_seen', "`| head` is a BrokenPipeError traceback again",
+           'flags.py', 'return any(event & select.POLLERR for _, event in poll.poll(0))', 'return False',
+           ('mini/test_flags.py::test_a_report_read_through_head_ends_quietly_as_unix_tools_do',)),
+    Mutant('pipe_kills_the_run', "a run whose stdout reader has gone dies of a BrokenPipeError at its next log line",
+           'flags.py', '        tqdm.write(line)\n    except BrokenPipeError:', '        tqdm.write(line)\n    except ZeroDivisionError:',
+           ('mini/test_flags.py::test_a_run_whose_stdout_reader_has_gone_goes_on_logging_to_its_file',)),
+    Mutant('pipe_analyze_unwrapped', "analyze_metrics.py's entry point is not run_command: `| head` is a traceback",
+           '../analyze_metrics.py', '    run_command(main)', '    main()',
+           ('mini/test_flags.py::test_a_report_read_through_head_ends_quietly_as_unix_tools_do',)),
+    Mutant('sft_log_to_train_log', "sft.py's log lines go to train.log, not sft.log",
+           'runs.py', 'def log(self, line, name="train.log"):', 'def log(self, line, name="train.log"):\n        name = "train.log"',
+           ('mini/test_flags.py::test_a_run_whose_stdout_reader_has_gone_goes_on_logging_to_its_file',)),
 ]
 
 
@@ -8100,4 +8127,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

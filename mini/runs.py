@@ -31,11 +31,10 @@ import time
 import zipfile
 
 import torch
-from tqdm.auto import tqdm
 
 from mini import distributed
 from mini.config import FIELDS, START_FLAGS, Config
-from mini.flags import problems, not_a_device, wrong_types
+from mini.flags import echo, not_a_device, problems, wrong_types
 from mini.loader import check_checksum, fsync_path, save_model, write_checksum
 from mini.runtime import rng_state, set_rng_state
 
@@ -486,9 +485,10 @@ class RunDir:
             raise RunError(f"{path} is damaged (not JSON); restore it, or start afresh with --overwrite") from None
 
     # --- logs
-    def log(self, line):
-        tqdm.write(line)  # above the progress bar, if there is one
-        with disk_guard(self.file("train.log"), len(line) + 1), open(self.file("train.log"), "a") as f:
+    def log(self, line, name="train.log"):
+        """line on stdout and at the end of the log `name`, opened for each line: no way out of a run leaves it open."""
+        echo(line)
+        with disk_guard(self.file(name), len(line) + 1), open(self.file(name), "a") as f:
             f.write(line + "\n")
 
     def append_jsonl(self, name, rows):

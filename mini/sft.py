@@ -39,7 +39,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from mini.flags import parse_args
+from mini.flags import parse_args, run_command
 from mini.dataset import PoolSource, ReplayBuffer, make_source
 from mini.formats import position_key
 from mini.positions import iter_positions
@@ -244,10 +244,8 @@ def train_sft(cfg, run):
     model.train()
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.lr, (cfg.adam_beta1, cfg.adam_beta2), device.type)
 
-    def log(line):  # the file opened for each line, so that no way out of the run leaves it open
-        tqdm.write(line)
-        with open(run.file("sft.log"), "a") as f:
-            f.write(line + "\n")
+    def log(line):
+        run.log(line, "sft.log")
 
     with open(run.file("sft.log"), "a") as log_file:
         log_file.write(f"config {json.dumps(dataclasses.asdict(cfg))}\n")  # the full settings, for the record
@@ -326,4 +324,4 @@ def train_sft(cfg, run):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -805,5 +805,4 @@ def test_ctrl_c_cuts_off_the_searches_under_way():
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(pytest.main([__file__, "-q"]))

@@ -778,5 +778,4 @@ def test_generate_without_stockfish_is_one_sentence():
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(pytest.main([__file__, "-q"]))

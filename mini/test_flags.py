@@ -12,6 +12,7 @@ import math
 import os
 import random
 import re
+import subprocess
 import sys
 
 import pytest
@@ -690,7 +691,62 @@ def test_shape_flags_at_their_defaults_go_with_a_snapshot_and_sft_offers_no_self
     assert parse_args(["--data_source", "selfplay"]).data_source == "selfplay"
 
 
+def with_buffered_stdout():
+    """The environment with stdout block-buffered, as in a user's shell (PYTHONUNBUFFERED, set on some machines,
+    hides what a buffer that cannot be flushed does)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def read_one_line_then_close(args):
+    """Run args with stdout a pipe read for one line and then closed, as `| head -1` does: (that line, the exit
+    code, stderr). What the command writes after it is more than a pipe holds, so its writes meet the closed end."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(HERE),
+                         env=with_buffered_stdout())
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    return first, p.wait(timeout=120), err
+
+
+def test_a_report_read_through_head_ends_quietly_as_unix_tools_do(tmp_path):
+    """`analyze_metrics.py RUN | head` of a long run was a BrokenPipeError traceback; it ends silent, with 141
+    (128 + SIGPIPE) as `cat` and `grep` do. Every script's entry point is flags.run_command."""
+    rows = "".join(json.dumps({"step": i, "reward_mean": 0.1, "eval_reward": 0.2}) + "\n" for i in range(3000))
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    first, code, err = read_one_line_then_close([sys.executable, "analyze_metrics.py", str(tmp_path), "--windows",
+                                                 "3000"])
+    assert (first, code, err) == ("3000 steps\n", 141, "")
+
+
+def test_a_short_report_whose_reader_left_before_it_ends_quietly_too():
+    """A report short enough to wait in stdout's buffer meets the closed pipe only when flushed: run_command
+    flushes it itself, then sends what is left to /dev/null, or exit's own flush would fail with a message."""
+    script = "from mini.flags import run_command\nrun_command(lambda: print('a short report'))"
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=os.path.dirname(HERE), env=with_buffered_stdout())
+    p.stdout.close()  # the reader leaves before the script has written anything
+    assert (p.wait(timeout=60), p.stderr.read()) == (141, "")
+
+
+def test_a_run_whose_stdout_reader_has_gone_goes_on_logging_to_its_file(tmp_path):
+    """`train.py | head` (or `sft.py`): the first log line after the reader left raised a BrokenPipeError in the
+    training loop and ended the run. The run goes on, its lines in its log file alone, and ends as it would have."""
+    script = ("import os, sys\nfrom mini.runs import RunDir\nrun = RunDir(sys.argv[1], 'r')\nos.makedirs(run.path)\n"
+              "for i in range(3000):\n    run.log(f'step {i} ' + 'x' * 60, 'sft.log')\nprint('finished', file=sys.stderr)")
+    first, code, err = read_one_line_then_close([sys.executable, "-c", script, str(tmp_path)])
+    assert (first, code, err) == ("step 0 " + "x" * 60 + "\n", 0, "finished\n")
+    assert (tmp_path / "r" / "sft.log").read_text().splitlines()[-1] == "step 2999 " + "x" * 60
+
+
+def test_a_broken_pipe_elsewhere_is_still_a_fault():
+    """The quiet exit is for stdout's reader alone: a BrokenPipeError of another pipe (a dying Stockfish's stdin)
+    while stdout is read is a fault, raised with its traceback, not an exit that looks like `| head`."""
+    script = "from mini.flags import run_command\ndef main():\n    raise BrokenPipeError('engine')\nrun_command(main)"
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.dirname(HERE))
+    assert p.returncode == 1 and p.stderr.rstrip().endswith("BrokenPipeError: engine")
+
+
 if __name__ == "__main__":
-    import sys
     sys.exit(pytest.main([__file__, "-q"]))
 

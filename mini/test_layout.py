@@ -7,6 +7,8 @@ commands built on it. A library module imports only library modules below it, ne
 import ast
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -99,6 +101,16 @@ def test_every_mutant_still_applies():
     assert not unknown_tests, f"mutants naming tests that do not exist: {unknown_tests}"
 
 
+def test_the_mutant_list_read_through_head_ends_without_a_traceback():
+    """`python mini/mutants.py --list | head` is how the list gets read: a reader that closes the pipe early (the
+    list is longer than a pipe holds) was a BrokenPipeError traceback; it ends quietly, as the scripts do."""
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "mutants.py"), "--list"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("adv_sign ")
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141 and err == ""
+
+
 if __name__ == "__main__":
-    import sys
     sys.exit(pytest.main([__file__, "-q"]))

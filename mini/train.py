@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed, grpo, logprobs
 from mini.autobatch import choose_batch_size
-from mini.flags import error_sentence, parse_args
+from mini.flags import error_sentence, parse_args, run_command
 from mini.dataset import ReplayBuffer, make_source, pad_widths
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
@@ -507,4 +507,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)
