@@ -7,6 +7,7 @@ import torch
 
 from mini import distributed
 from mini.runs import StopRun
+from mini.runtime import out_of_memory
 from mini.sampler import release_decode_caches
 
 
@@ -41,8 +42,8 @@ def probe_peak_memory(trainer, local_batch):
         adv, returns, _ = trainer.advantages(r)
         trainer.update(r, adv, returns, apply=False)
         peak = torch.cuda.max_memory_allocated() + optimizer_state_bytes(trainer.optimizer)
-    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one; cuBLAS or a CUDA graph's capture says it plainly
-        if not isinstance(e, torch.cuda.OutOfMemoryError) and "out of memory" not in str(e).lower():
+    except (RuntimeError, MemoryError) as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        if not out_of_memory(e):
             raise
         peak = None
     release_decode_caches(trainer.model)

@@ -32,7 +32,7 @@ from mini.formats import ILLEGAL_KINDS, PAD_WIDTHS, illegal_kind, legal_ucis, pa
 from mini.loader import SNAPSHOT_FILES, LoadError, load_model
 from mini.positions import history_bucket, king_constraint, phase, random_env_sample
 from mini.reward_scorer import EngineReward, clip, judge_moves, score_batch
-from mini.runtime import autocast, resolve_device
+from mini.runtime import autocast, out_of_memory, resolve_device
 from mini.sampler import generate
 from mini.stockfish import BLUNDER_CP, EngineFailure, find_stockfish
 
@@ -466,6 +466,10 @@ def main(argv=None):
         values = per_sample_values(samples, completions, args.shaping, engine)
     except (LoadError, OSError, ValueError, EngineFailure) as e:  # EngineFailure: an engine that keeps failing
         sys.exit(f"evaluate.py: {error_sentence(e)}")
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        sys.exit(f"evaluate.py: out of memory generating {args.batch_size} prompts at once; lower --batch_size")
     except KeyboardInterrupt:  # Ctrl-C in the minutes of generation or scoring: one sentence, not a traceback
         sys.exit(f"evaluate.py: interrupted (Ctrl-C) before the evaluation ended; no report was written to {out}")
     metrics = means(values)

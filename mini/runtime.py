@@ -99,6 +99,14 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def out_of_memory(e):
+    """Whether e is running out of memory: CUDA's OutOfMemoryError, a cuBLAS or CUDA graph error that says so, the
+    CPU allocator refusing a tensor, or Python's MemoryError (the kernel's OOM killer sends a SIGKILL: no error)."""
+    text = str(e).lower()
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+
+
 def free_memory_bytes(device):
     """Bytes free on `device`: CUDA's free memory, or MemAvailable of /proc/meminfo on CPU; None where unknown."""
     if device.type == "cuda":

@@ -47,7 +47,7 @@ from mini.loader import LoadError, load_model
 from mini.model import GPT, GPTConfig
 from mini.report import make_reporter
 from mini.runs import RunDir, RunError, StopSignals, signal_exit_code
-from mini.runtime import autocast, free_memory_bytes, lr_factor, resolve_device
+from mini.runtime import autocast, free_memory_bytes, lr_factor, out_of_memory, resolve_device
 from mini.stockfish import EngineFailure
 from mini.tokenizer import Tokenizer
 
@@ -210,6 +210,12 @@ def main(argv=None):
     except (LoadError, ValueError, OSError, RunError, EngineFailure) as e:  # no snapshot, a bad data file, a full disk
         run.release(failed=True)
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (RuntimeError, MemoryError) as e:  # torch's out of memory is a RuntimeError
+        if not out_of_memory(e):
+            raise
+        run.release(failed=True)
+        print(f"error: out of memory with {cfg.batch_size} sequences a step; lower --batch_size", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the loop handles its own; this one came while loading, or during the final save
         run.release(failed=True)

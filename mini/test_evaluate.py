@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mini.chess_eval import main as chess_main
-from mini.config import EVAL_PATH, MATE_PATH, REAL_EVAL_PATH
+from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, REAL_EVAL_PATH
 import mini.evaluate as ev
 from mini.formats import env_sample, legal_ucis, parse_line, policy_sample, repad
 from mini.loader import save_model
@@ -102,6 +102,51 @@ def test_breakdowns_by_phase_history_and_legal_answers():
     assert ev.per_sample_values([opening], [" M: e7e5 a1a2 a1a2 E: 0.2 0.0 0.0 B: e7e5"])["eval_P_top5_legal"] == [0.5]
     assert [history_bucket(n) for n in (1, 2, 3, 5, 6, 10)] == ["1-2", "1-2", "3-5", "3-5", "6-10", "6-10"]
     assert [phase(chess.Board(s.fen)) for s in (opening, endgame)] == ["opening", "endgame"]
+
+
+def test_legality_breakdowns_count_legal_answers_that_are_not_the_label():
+    """best_legal_<phase>, _(not_)in_check and _<king constraint> count legal answers, the label or not: c7c5 in
+    the opening, the knight interposing (b1d2) against the bishop's check, the king's step aside (e1f1) beside a pin."""
+    opening = policy_sample("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", ["e7e5"], [0.2])
+    check = policy_sample("rnbqk1nr/ppp2ppp/8/3pp3/1b1P4/6PN/PPP1PP1P/RNBQKB1R w KQkq - 1 4", ["c2c3"], [0.07])
+    pin = policy_sample("k3r3/8/8/8/8/8/4N3/4K3 w - - 0 1", ["e1d1"], [0.0])
+    v = ev.per_sample_values([opening, check, pin], [" M: c7c5 E: 0.3 B: c7c5", " M: b1d2 E: 0.0 B: b1d2",
+                                                     " M: e1f1 E: 0.0 B: e1f1"])
+    assert v["eval_P_best_acc_label"] == [0.0, 0.0, 0.0]
+    assert v["eval_P_best_legal_opening"] == [1.0, 1.0, 1.0] and v["eval_P_best_legal_in_check"] == [1.0]
+    assert v["eval_P_best_legal_not_in_check"] == [1.0, 1.0]
+    assert v["eval_P_best_legal_unconstrained"] == [1.0] and v["eval_P_best_legal_pin"] == [1.0]
+
+
+def test_evaluate_passes_its_settings_to_every_generate_call(held_out, monkeypatch):
+    """evaluate() decodes greedily (temperature 0, no top-k) in eval mode without gradients, stops at EOS, and hands
+    max_new_tokens, batch_size, compile_decode and the autocast context to every batch: 12 prompts in batches of 5,
+    5 and 2."""
+    by_prompt, calls, entered = {s.prompt: s.completion for s in held_out}, [], []
+
+    def stub(model, prompts, max_new_tokens, **kw):
+        assert not model.training and not torch.is_grad_enabled()  # no dropout, no graph kept
+        calls.append((len(prompts), max_new_tokens, kw["temperature"], kw["top_k"], kw["eos_id"], kw["compile_decode"]))
+        return [(TOK.encode(by_prompt[TOK.decode(p)]), None) for p in prompts]
+
+    class Autocast:
+        def __enter__(self):
+            entered.append(len(calls))
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(ev, "generate", stub)
+    ev.evaluate(torch.nn.Linear(1, 1), TOK, held_out, max_new_tokens=7, batch_size=5, autocast=Autocast(),
+                compile_decode=True)
+    assert calls == [(n, 7, 0.0, 0, TOK.eos_token_id, True) for n in (5, 5, 2)] and entered == [0, 1, 2]
+
+
+def test_the_shipped_sets_transitions_carry_their_positions_history(held_out):
+    """On a set of P: positions alone, the i-th A: transition is a move on the i-th position after the moves that
+    led there (its last 10 half-moves, the move included), so that the history buckets are those of real games."""
+    policy, env = held_out[:6], held_out[6:]
+    assert [(a.fen, a.history) for a in env] == [(p.fen, (p.history + [a.move])[-10:]) for p, a in zip(policy, env)]
+    assert {history_bucket(len(a.history)) for a in env} == {"6-10"}
 
 
 def test_history_bucket_edges_in_the_breakdown_and_when_taking_transitions_in_turn():
@@ -327,15 +372,16 @@ def test_an_n_beyond_the_set_says_what_is_evaluated(snapshot, tmp_path, capsys):
 
 
 def test_a_report_over_an_input_is_refused_before_the_evaluation(snapshot, tmp_path, capsys):
-    """--out naming the data file, or a file of the snapshot (its config.json: the model would no longer load),
-    or chess_eval.py's mate file: refused, the input left whole; so is a --stockfish_path that is no Stockfish
-    (the move quality was skipped after the evaluation)."""
+    """--out naming the data file, or a file of the snapshot (its config.json, or a checksum beside a file: the
+    model would no longer load), or chess_eval.py's mate file: refused, the input left whole; so is a
+    --stockfish_path that is no Stockfish (the move quality was skipped after the evaluation)."""
     data = tmp_path / "lines.txt"
     data.write_text("\n".join(P_LINES) + "\n")
-    config = os.path.join(snapshot, "config.json")
-    kept = {path: open(path).read() for path in (str(data), config, MATE_PATH)}
+    config, checksum = (os.path.join(snapshot, name) for name in ("config.json", "model.safetensors.sha256"))
+    kept = {path: open(path).read() for path in (str(data), config, checksum, MATE_PATH)}
     for main, flags in [(ev.main, ["--data", str(data), "--out", str(tmp_path / "." / "lines.txt")]),
                         (ev.main, ["--data", str(data), "--out", config]),
+                        (ev.main, ["--data", str(data), "--out", checksum]),
                         (chess_main, ["--n_mates", "1", "--out", MATE_PATH]),
                         (ev.main, ["--engine_quality", "--stockfish_path", str(tmp_path / "none")])]:
         with pytest.raises(SystemExit) as stop:
@@ -428,6 +474,121 @@ def test_compare_gives_paired_deltas_with_intervals(tmp_path):
         return
     b, a, d, lo, hi, n = ev.compare(garbage, labels, engine=engine)["eval_P_cpl"]
     assert (b, a, n) == (1000, 0, 6) and lo == hi == d == -1000  # invalid costs the cap, the label's best move 0
+
+
+def test_evaluate_py_passes_its_flags_to_the_generation_and_the_report(snapshot, tmp_path, monkeypatch):
+    """--max_new_tokens, --batch_size and --compile_decode reach every generate call; --shaping scores the answers
+    and is recorded; the report names the shipped set it was made on and stores each prompt's label (compare
+    checks both); without --engine_quality no engine judges the moves."""
+    samples = ev.held_out_samples(2)
+    answers = {s.prompt: f" M: {s.best} E: {s.evals[s.moves.index(s.best)]} B: {s.best}" if s.task == "P" else
+               s.completion for s in samples}  # B: and its eval alone: graduated and continuous rewards differ
+    calls = []
+
+    def stub(model, prompts, max_new_tokens, **kw):
+        calls.append((len(prompts), max_new_tokens, kw["compile_decode"]))
+        return [(TOK.encode(answers[TOK.decode(p)]), None) for p in prompts]
+    monkeypatch.setattr(ev, "generate", stub)
+    out = tmp_path / "r.json"
+    ev.main(["--model_path", snapshot, "--n", "2", "--max_new_tokens", "5", "--batch_size", "3", "--compile_decode",
+             "--shaping", "graduated", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert calls == [(3, 5, True), (1, 5, True)]
+    graduated = [score(s, answers[s.prompt], "graduated")[0] for s in samples]
+    assert graduated != [score(s, answers[s.prompt])[0] for s in samples]
+    assert report["metrics"]["eval_reward"] == pytest.approx(sum(graduated) / 4)
+    assert (report["shaping"], report["data"], report["engine"]) == ("graduated", EVAL_PATH, None)
+    assert "eval_P_cpl" not in report["metrics"]  # no --engine_quality: no move quality
+    assert [x["label"] for x in report["samples"]] == [s.completion for s in samples]
+
+
+def test_report_path_defaults_and_the_shipped_folders_edges(tmp_path, monkeypatch):
+    """Without --out a report goes into the snapshot's folder, or the working directory for a hub id (no folder
+    named after it); --out may name a new file in mini/data/ or a file beside that folder whose name starts with
+    'data', not a file the project ships there (here a stand-in folder)."""
+    parser = argparse.ArgumentParser()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ev, "DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "data").mkdir()
+    for path in (tmp_path / "data" / "eval.jsonl", tmp_path / "data.json"):
+        path.write_text("kept")
+    assert ev.report_path(parser, "", "org/model", "eval.json") == os.path.join(".", "eval.json")
+    assert ev.report_path(parser, "", str(tmp_path), "eval.json") == str(tmp_path / "eval.json")
+    for out in (tmp_path / "data" / "new.json", tmp_path / "data.json"):
+        assert ev.report_path(parser, str(out), "org/model", "eval.json") == str(out)
+    with pytest.raises(SystemExit):
+        ev.report_path(parser, str(tmp_path / "data" / "eval.jsonl"), "org/model", "eval.json")
+
+
+def test_recorded_eval_set_swaps_in_this_checkouts_copy_only_of_a_missing_shipped_set(tmp_path):
+    """A report's '' is the shipped set; a missing .../mini/data/NAME (another checkout's) is this checkout's NAME;
+    a set that exists is read where it is, even in another checkout's mini/data/; a missing .../data/NAME outside
+    a mini/ folder is named as missing."""
+    name = os.path.basename(EVAL_PATH)
+    assert ev.recorded_eval_set("") == EVAL_PATH
+    assert ev.recorded_eval_set(str(tmp_path / "gone" / "mini" / "data" / name)) == os.path.join(DATA_DIR, name)
+    kept = tmp_path / "other" / "mini" / "data" / name
+    kept.parent.mkdir(parents=True)
+    kept.write_text(open(EVAL_PATH).read())
+    assert ev.recorded_eval_set(str(kept)) == str(kept)
+    with pytest.raises(ValueError, match="does not exist here"):
+        ev.recorded_eval_set(str(tmp_path / "gone" / "data" / name))
+
+
+def test_compare_resamples_with_its_n_boot_and_seed(tmp_path):
+    """compare's intervals come from the n_boot and seed it is given (here 7 draws, seed 5), not the defaults."""
+    samples = ev.held_out_samples(3)
+    completions = [["garbage"] * 6, [s.completion if i % 2 else "garbage" for i, s in enumerate(samples)]]
+    paths = [write_report(tmp_path / f"{i}.json", samples, c) for i, c in enumerate(completions)]
+    want = ev.paired_bootstrap(*(ev.per_sample_values(samples, c) for c in completions), n_boot=7, seed=5)
+    assert ev.compare(*paths, n_boot=7, seed=5) == want != ev.compare(*paths)
+
+
+def test_a_report_nested_too_deeply_is_not_json(tmp_path):
+    """json.load raises RecursionError on 100,000 brackets: one sentence naming the file, not a traceback."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(deep))} is not JSON"):
+        ev.compare(str(deep), str(deep))
+
+
+def test_a_metric_measured_on_no_answer_has_no_mean_and_no_median():
+    """Every move unjudged by the engine: no cpl mean and no median (numpy's NaN of an empty list)."""
+    assert ev.means({"eval_P_cpl": [None, None], "eval_reward": [1.0, 0.0]}) == {"eval_reward": 0.5}
+
+
+def test_bad_flags_and_files_are_one_sentence(snapshot, tmp_path, capsys):
+    """--n 0, no --model_path, a data file of no valid line, a report to compare that does not exist: each ends
+    evaluate.py with one sentence, before any evaluation."""
+    for argv, said in ((["--model_path", snapshot, "--n", "0"], "--n 0 must be at least 1"),
+                       ([], "--model_path is required")):
+        with pytest.raises(SystemExit) as stop:
+            ev.main(argv)
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+    junk, missing = tmp_path / "junk.txt", tmp_path / "missing.json"
+    junk.write_text("not a RookWorld line\n")
+    with pytest.raises(SystemExit, match=f"^evaluate.py: {re.escape(str(junk))} holds no sample"):
+        ev.main(["--model_path", snapshot, "--data", str(junk), "--out", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit, match=f"^evaluate.py: .*{re.escape(str(missing))}"):
+        ev.main(["--compare", str(missing), str(missing)])
+
+
+def test_out_of_memory_while_generating_is_one_sentence(snapshot, tmp_path, monkeypatch):
+    """A --batch_size too large for the GPU was torch's traceback from the decode; it says what to lower, and writes
+    no report. Any other error of the decode is a bug, raised as it is."""
+    def decode_failing_with(error):
+        def complete(*args, **kwargs):
+            raise error
+        return complete
+    argv = ["--model_path", snapshot, "--n", "2", "--batch_size", "512", "--out", str(tmp_path / "r.json")]
+    monkeypatch.setattr(ev, "complete", decode_failing_with(torch.OutOfMemoryError("CUDA out of memory. Tried")))
+    with pytest.raises(SystemExit, match="^evaluate.py: out of memory generating 512 prompts at once; lower "
+                                         "--batch_size$"):
+        ev.main(argv)
+    monkeypatch.setattr(ev, "complete", decode_failing_with(RuntimeError("shapes cannot be multiplied")))
+    with pytest.raises(RuntimeError, match="shapes"):
+        ev.main(argv)
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_compare_checks_the_labels_of_both_reports(tmp_path):
@@ -716,6 +877,18 @@ def test_compare_plot(tmp_path, capsys):
     assert "--plot goes with --compare" in capsys.readouterr().err
 
 
+def test_compare_with_engine_quality_pairs_the_move_quality(tmp_path, capsys):
+    """--compare A B --engine_quality judges both reports' moves: invalid answers cost the cap, 1000 cp, the labels'
+    best moves 0 (labelled moves need no search), so eval_P_cpl goes from 1000 to 0 in the table."""
+    try:
+        find_stockfish()
+    except FileNotFoundError:
+        pytest.skip("Stockfish binary not found (apt-get install stockfish)")
+    ev.main(["--compare", *garbage_then_labels(tmp_path), "--engine_quality", "--engine_cache", ""])
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("eval_P_cpl ")]
+    assert row[1:4] == ["1000.0000", "0.0000", "-1000.0000"] and row[-1] == "3"
+
+
 def test_a_plot_of_a_format_matplotlib_lacks_stops_before_the_comparison_and_a_failed_write_keeps_the_table(
         tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip install -e ".[plot]"')
@@ -825,6 +998,7 @@ def test_out_with_compare_is_refused_not_ignored(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, named", [(["--data", "x.txt", "--n", "5"], "--data, --n set"),
                                           (["--pad", "89"], "--pad sets"),
+                                          (["--max_new_tokens", "8"], "--max_new_tokens sets"),
                                           (["--shaping", "strict"], "--shaping sets"),
                                           (["--model_path", os.path.join(os.path.dirname(EVAL_PATH), "rookworld-8m"),
                                             "--device", "cpu"], "--model_path, --device set")])

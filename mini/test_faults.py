@@ -29,6 +29,7 @@ import mini.evaluate as evaluate
 import mini.games as games
 import mini.loader as loader
 import mini.runs as runs
+import mini.runtime as runtime
 import mini.stockfish as stockfish
 import mini.train as train
 from mini.loader import LoadError, load_model
@@ -351,6 +352,48 @@ def test_the_lock_on_a_full_disk(tmp_path, monkeypatch):
         run.take_lock()
     assert_disk_full(str(e.value), run.lock)
     assert not os.path.exists(run.lock)
+
+
+# ----------------------------------------------------------------------------- out of memory
+
+CUDA_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB")
+
+
+def loss_out_of_memory(*args, **kwargs):
+    raise CUDA_OOM
+
+
+def test_out_of_memory_in_a_step_says_what_to_lower_and_how_to_resume(tiny, tmp_path, capsys, monkeypatch):
+    """A --k_samples too large for the GPU was torch's traceback from deep in the step. It is one sentence naming the
+    step's size and what to lower: in the first step (no run left behind) the micro-batch or a new run's sizes, and
+    once checkpoints exist, how to resume with a micro-batch below the rows that did not fit."""
+    monkeypatch.setattr(train, "grpo_loss", loss_out_of_memory)
+    assert train.main(args(tiny, tmp_path, "r", 2)) == 1
+    advice = ("or start afresh with a smaller --batch_size or --k_samples (on CUDA, --auto_batch_size finds the largest "
+              "that fits)")
+    assert one_line(capsys.readouterr().err) == ("error: out of memory with 2 prompts x 3 completions a step; set a "
+                                                 f"smaller --micro_batch_size, {advice}")
+    assert not (tmp_path / "r").exists()
+    monkeypatch.undo()
+    assert train.main(args(tiny, tmp_path, "r", 2)) == 0  # checkpoint at step 2
+    monkeypatch.setattr(train, "grpo_loss", loss_out_of_memory)
+    assert train.main(args(tiny, tmp_path, "r", 4, "--auto_resume")) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: out of memory with 2 prompts x 3 completions a step; the checkpoints on disk are intact: resume with "
+        f"--auto_resume and a --micro_batch_size below 6 (fewer rows a forward and backward pass, the same update), {advice}")
+
+
+def test_out_of_memory_is_told_from_other_errors():
+    """CUDA's error, a cuBLAS or CUDA-graph error saying so in any case, the CPU allocator's refusal of one large
+    tensor and Python's MemoryError are out of memory; a shape error is a bug, raised as it is."""
+    try:
+        torch.empty(2**62, dtype=torch.uint8)
+    except RuntimeError as e:
+        cpu = e
+    for e in (CUDA_OOM, RuntimeError("CUBLAS_STATUS_ALLOC_FAILED: Out Of Memory"), cpu, MemoryError()):
+        assert runtime.out_of_memory(e), e
+    for e in (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), ValueError("out of memory"), OSError()):
+        assert not runtime.out_of_memory(e), e
 
 
 

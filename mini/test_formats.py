@@ -5,8 +5,8 @@
 import chess
 import pytest
 
-from mini.formats import (env_completion, env_prompt, illegal_kind, parse_env, parse_line, parse_policy, policy_prompt,
-                          policy_sample, position_key, repad)
+from mini.formats import (check_policy, checked_board, env_completion, env_prompt, env_sample, illegal_kind, parse_env,
+                          parse_line, parse_policy, policy_prompt, policy_sample, position_key, repad)
 from mini.tokenizer import Tokenizer
 
 # real lines of the published RookWorld data (the P: ones from the validation file, FEN padded to 89)
@@ -195,6 +195,15 @@ def test_a_p_lines_labels_are_checked_against_its_position():
         parse_line(f"P: {fen} M: b3b5 b3a3 E: -0.8 0.0 B: b3b5")
 
 
+def test_a_line_is_read_without_its_line_end_or_indent():
+    """Data files hand parse_line their lines with the line end (\\n or \\r\\n), maybe indented: the sample is
+    the line's own, its completion without the line end (which would become a training target)."""
+    for line in (P_LINES[0], A_LINES[0]):
+        completion = line[line.index(" M:"):] if line.startswith("P:") else line.split("+", 3)[3]
+        for raw in (line + "\n", "  " + line + "\r\n"):
+            assert parse_line(raw) == parse_line(line) and parse_line(raw).completion == completion
+
+
 def test_a_p_lines_completion_is_its_own_text():
     """A P: line's reference completion is the line's text from M: on, as written (compact, an eval written 0), not
     rewritten to the generator's widths; its labels are read from that text."""
@@ -258,6 +267,59 @@ def test_position_key_writes_en_passant_as_python_chess_does():
         "rnbqkbnr/ppppp1pp/8/4Pp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6"
     # a capture there is pseudo-legal only (b5xc6 would bare the king on a5 to the rook): not part of the position
     assert position_key("7k/8/8/KPp4r/8/8/8/8 w - c6 0 2") == "7k/8/8/KPp4r/8/8/8/8 w - -"
+
+
+def test_repad_leaves_an_a_sample_as_it_is():
+    """Only a P: prompt pads its FEN: an A: prompt is the FEN and its '+' fields, whatever the width asked."""
+    a = parse_line(A_LINES[0])
+    assert repad(a, 89) == a and repad(a, 89).prompt == A_LINES[0][:A_LINES[0].index("+r1bk3r")] + "+"
+
+
+def test_a_move_or_history_word_with_a_tab_or_newline_is_refused():
+    """Any whitespace, not only a space, would split an A: prompt's move or history word in two."""
+    for move in ("e2e4\t", "e2\ne4"):
+        with pytest.raises(ValueError, match="^an A: move is one word"):
+            env_sample(START, move, [move])
+    with pytest.raises(ValueError, match="^a history is a list of UCI moves or one string of them"):
+        env_sample(START, "e2e4", ["g1f3\tf3g1", "e2e4"])
+
+
+def test_parse_policy_reads_a_compact_answer():
+    """The markers need no space after them: 'M:e2e4 d2d4 E:0.3 -0.2 B:e2e4' is the answer written spaced."""
+    assert parse_policy("M:e2e4 d2d4 E:0.3 -0.2 B:e2e4") == (["e2e4", "d2d4"], [0.3, -0.2], "e2e4")
+
+
+def test_parse_env_gives_terminated_then_truncated():
+    """A mate is terminated and not truncated, an illegal move the reverse: the flags keep their places."""
+    fen = "rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3"
+    assert parse_env(f"{fen}+1.0+1+0") == (fen, 1.0, 1, 0) and parse_env(f"{fen}+-1.0+0+1") == (fen, -1.0, 0, 1)
+
+
+def test_values_that_are_no_move_fen_or_eval_are_one_sentence():
+    """A JSON record's null move or FEN, or an eval of 400 digits (JSON integers have no limit), is a ValueError
+    that says so, not a TypeError, AttributeError or OverflowError from deep inside."""
+    with pytest.raises(ValueError, match="^an A: move is one word .* not None$"):
+        env_sample(START, None, ["e2e4"])
+    with pytest.raises(ValueError, match="^the FEN is NoneType None, not a string$"):
+        checked_board(None)
+    with pytest.raises(ValueError, match="hold an integer too large for a number$"):
+        policy_sample(START, ["e2e4"], [10**400])
+
+
+def test_an_a_line_wrong_in_its_truncated_flag_alone_is_relabelled():
+    """relabelled compares all four fields of the line's label: a legal move flagged truncated is corrected."""
+    after = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    assert [parse_line(f"A: {START}+e2e4+e2e4+{after}+0.001+0+{flag}").relabelled for flag in (1, 0)] == [True, False]
+
+
+def test_a_label_of_six_moves_or_of_more_evals_than_moves_is_refused():
+    """A JSONL record's label is checked as a text line's: Stockfish's MultiPV gives 1 to 5 moves, one eval each."""
+    six = ["e2e4", "d2d4", "g1f3", "b1c3", "c2c4", "a2a3"]
+    with pytest.raises(ValueError, match="^needs a list of 1 to 5 moves$"):
+        check_policy(START, six, [0.0] * 6)
+    check_policy(START, six[:5], [0.0] * 5)
+    with pytest.raises(ValueError, match=r"^1 moves need 1 evals, got \[0.1, 0.2\]$"):
+        check_policy(START, ["e2e4"], [0.1, 0.2])
 
 
 if __name__ == "__main__":

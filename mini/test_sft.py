@@ -677,6 +677,17 @@ def test_what_sft_cannot_do_is_one_sentence_and_leaves_no_run(tmp_path, capsys, 
     assert parse_args(["--data_source", "selfplay"], "train").data_source == "selfplay"
 
 
+def test_out_of_memory_in_a_step_is_one_sentence(tmp_path, capsys, monkeypatch):
+    """A --batch_size too large for the GPU was torch's traceback from the step; it says what to lower."""
+    def loss_out_of_memory(*batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(sft, "sft_loss", loss_out_of_memory)
+    assert sft.main(TINY + ["--log_dir", str(tmp_path), "--steps", "2", "--run_name", "r"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "error: out of memory with 2 sequences a step; lower --batch_size"
+    assert "Traceback" not in err
+
+
 if __name__ == "__main__":
     import sys
     sys.exit(pytest.main([__file__, "-q"]))

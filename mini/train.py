@@ -32,8 +32,8 @@ from mini.reward_scorer import ScoringPool, engine_reward
 from mini.rollout import GlobalBatch, InformativeGroups, MicroBatch, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
                        is_disk_full, resume_config, saved_settings)
-from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, peak_memory_mb, resolve_device,
-                          score_workers, seed_everything)
+from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, out_of_memory, peak_memory_mb,
+                          resolve_device, score_workers, seed_everything)
 from mini.sampler import WIDTH_BUCKET, PromptTooLong, compiled, generate
 from mini.selfplay import SelfPlaySource
 from mini.stockfish import EngineFailure
@@ -461,6 +461,11 @@ def duration(seconds):
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def run_started(cfg):
+    """Whether the run got as far as saving its settings: its checkpoints, if any, are there to resume from."""
+    return bool(cfg.run_name) and os.path.exists(RunDir(cfg.log_dir, cfg.run_name).file("config.json"))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg, changed = parse_args(argv), {}
@@ -486,12 +491,20 @@ def main(argv=None):
         say(str(e))
         return e.exit_code
     except KeyboardInterrupt:
-        if not (cfg.run_name and os.path.exists(RunDir(cfg.log_dir, cfg.run_name).file("config.json"))):
+        if not run_started(cfg):
             say("\nquit while the run was starting; nothing of it was saved: start it again")
         else:
             say("\nquit at once; the checkpoints on disk are intact: resume with --auto_resume")
         return 130
     except Exception as e:  # a write outside disk_guard
+        if out_of_memory(e):
+            say(f"error: out of memory with {cfg.batch_size} prompts x {cfg.k_samples} completions a step; "
+                + ("the checkpoints on disk are intact: resume with --auto_resume and a --micro_batch_size below "
+                   f"{cfg.micro_batch_size or cfg.batch_size * cfg.k_samples} (fewer rows a forward and backward pass, "
+                   "the same update)" if run_started(cfg) else "set a smaller --micro_batch_size")
+                + ", or start afresh with a smaller --batch_size or --k_samples (on CUDA, --auto_batch_size finds the "
+                "largest that fits)")
+            return 1
         if is_disk_full(e):
             say(f"error: {disk_full(getattr(e, 'filename', None) or cfg.log_dir, 0)}")
             return 1
