@@ -202,32 +202,35 @@ def missing_files(values):
     return out
 
 
-def stdout_reader_gone():
-    """True when stdout is a pipe whose reader has closed it (`| head` has its lines): its write end polls POLLERR.
-    A broken pipe elsewhere (a dying Stockfish's stdin) leaves stdout as it was."""
+def reader_gone(stream):
+    """True when no one reads `stream` any more: a pipe whose reader closed it (`| head` has its lines) or a
+    terminal that hung up (ssh dropped). Its descriptor then polls POLLERR; a broken pipe elsewhere (a dying
+    Stockfish's stdin) leaves it as it was."""
     try:
         poll = select.poll()
-        poll.register(sys.stdout.fileno(), 0)  # no event asked for: POLLERR is always reported
+        poll.register(stream.fileno(), 0)  # no event asked for: POLLERR is always reported
         return any(event & select.POLLERR for _, event in poll.poll(0))
-    except (AttributeError, OSError, ValueError):  # stdout closed, or replaced by an object without a descriptor
+    except (AttributeError, OSError, ValueError):  # closed, or replaced by an object without a descriptor
         return False
 
 
-def drop_stdout():
-    """What is left for stdout goes to /dev/null: its reader has gone, and a failed flush keeps the text in the
+def drop(stream):
+    """What is left for `stream` goes to /dev/null: its reader has gone, and a failed flush keeps the text in the
     buffer, so that every later write and exit's own flush would fail again ('Exception ignored', exit code 120)."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
-def echo(line):
-    """A log line on stdout, above any progress bar. Once stdout's reader has gone (`train.py | head`), the run
-    goes on with its lines in its log file alone, rather than dying of a BrokenPipeError at its next line."""
+def echo(line, stream=None):
+    """A line on stdout (or `stream`), above any progress bar. Once no one reads it (`train.py | head`, a terminal
+    that hung up), a run goes on with its lines in its log file alone, rather than dying of a BrokenPipeError or an
+    EIO at its next line."""
+    stream = stream or sys.stdout
     try:
-        tqdm.write(line)
-    except BrokenPipeError:
-        if not stdout_reader_gone():
+        tqdm.write(line, file=stream)
+    except OSError:
+        if not reader_gone(stream):
             raise
-        drop_stdout()
+        drop(stream)
 
 
 def run_command(main):
@@ -237,9 +240,9 @@ def run_command(main):
         code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not first in exit's own flush
     except BrokenPipeError:
-        if not stdout_reader_gone():
+        if not reader_gone(sys.stdout):
             raise
-        drop_stdout()
+        drop(sys.stdout)
         code = 128 + signal.SIGPIPE
     sys.exit(code)
 

@@ -586,11 +586,19 @@ class RunDir:
 
 
 SIGTERM_ECHO_S = 2.0  # a second SIGTERM sooner than this after the first is the same request delivered twice
-caught_signals = []  # each SIGINT / SIGTERM a run took over in this process, in order (mini/conftest.py reads it)
+caught_signals = []  # each stop signal a run took over in this process, in order (mini/conftest.py reads it)
+
+
+def stop_signals():
+    """The signals that stop a run after its step, with a checkpoint: Ctrl-C, SIGTERM (`kill`, `timeout`, a
+    scheduler) and SIGHUP (the terminal hung up: ssh dropped, the window closed), unless SIGHUP is ignored, as
+    under `nohup`, whose runs are meant to outlive their terminal."""
+    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []
+    return [signal.SIGINT, signal.SIGTERM, *hangup]
 
 
 class StopSignals:
-    """Within `with`: the first SIGINT or SIGTERM is noted in `name` (the run stops after its step, with a
+    """Within `with`: the first of stop_signals() is noted in `name` (the run stops after its step, with a
     checkpoint) and announced; a second one quits at once (KeyboardInterrupt), which never damages a checkpoint
     (they are written to .tmp and renamed); a SIGTERM repeated within SIGTERM_ECHO_S is the same request. The handlers in
     place before come back on exit, also in a test process."""
@@ -599,7 +607,7 @@ class StopSignals:
         self.name, self.announce, self.before = None, announce, {}
 
     def __enter__(self):
-        self.before = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.before = {sig: signal.signal(sig, self.handle) for sig in stop_signals()}
         return self
 
     def __exit__(self, *exc):
@@ -746,7 +754,7 @@ class Resumable:
             then = ("writing the last checkpoint and the final model" if getattr(self, "finishing", False) else
                     f"finishing step {self.step + 1}, then saving a checkpoint" if self.step + 1 < self.cfg.steps else
                     "finishing the last step and writing the final model")  # the run ends anyway
-            print(f"\n{name}: {then} (again to quit at once)", file=sys.stderr, flush=True)
+            echo(f"\n{name}: {then} (again to quit at once)", sys.stderr)
 
     def stop_for_signal(self, name):
         """After the step a signal interrupted (`name`; None when it reached another rank): a checkpoint, then StopRun."""

@@ -39,7 +39,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from mini.flags import parse_args, run_command
+from mini.flags import echo, parse_args, run_command
 from mini.dataset import PoolSource, ReplayBuffer, make_source
 from mini.formats import position_key
 from mini.positions import iter_positions
@@ -259,8 +259,7 @@ def train_sft(cfg, run):
         f"A: share {cfg.mix_env_ratio}" + (f", time limit {cfg.time_limit_min} min" if cfg.time_limit_min > 0 else ""))
 
     def announce(name):  # finish the step, save the snapshot, exit; a second Ctrl-C quits at once
-        print(f"\n{name}: finishing step {step + 1}, then saving the snapshot (again to quit at once)",
-              file=sys.stderr, flush=True)
+        echo(f"\n{name}: finishing step {step + 1}, then saving the snapshot (again to quit at once)", sys.stderr)
 
     limit_s = 60 * cfg.time_limit_min
     t0 = t_log = time.time()

@@ -13,6 +13,8 @@ import multiprocessing
 import shutil
 import signal
 import os
+import pty
+import select
 import subprocess
 import sys
 import threading
@@ -628,6 +630,44 @@ def test_a_signal_in_the_last_step_says_the_run_finishes(capsys):
         runs.Resumable.announce_stop(trainer, "SIGTERM")
         assert one_line(capsys.readouterr().err) == ("SIGTERM: finishing the last step and writing the final model "
                                                      "(again to quit at once)")
+
+
+@pytest.mark.sends_signals
+def test_a_terminal_that_hangs_up_stops_the_run_with_a_checkpoint(tiny, tmp_path):
+    """ssh dropped, or the terminal window closed: the run gets SIGHUP, and every later write to the terminal fails
+    (EIO). SIGHUP killed it at once, losing the steps since its last checkpoint; it finishes its step, saves a
+    checkpoint of it, writes its lines to train.log alone, and exits with 129 (128 + SIGHUP), as after SIGTERM."""
+    argv = [sys.executable, os.path.join(os.path.dirname(train.__file__), "train.py"),
+            *args(tiny, tmp_path, "r", 1000, "--save_every", "0")]
+    pid, terminal = pty.fork()  # the run in a session of its own, with this pseudo-terminal as its terminal
+    if pid == 0:
+        os.execv(sys.executable, argv)
+    seen, deadline = b"", time.monotonic() + 120
+    try:
+        while b"Step 3 " not in seen and time.monotonic() < deadline:
+            if select.select([terminal], [], [], 1)[0]:
+                seen += os.read(terminal, 65536)
+    finally:
+        os.close(terminal)  # the hang-up: SIGHUP to the run, EIO on its writes
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline + 60:
+        time.sleep(0.1)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert b"Step 3 " in seen and done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 129
+    run = RunDir(str(tmp_path), "r")
+    saved = run.latest_valid_checkpoint()[1]["step"]
+    log = open(run.file("train.log")).read()
+    assert saved >= 3 and f"SIGHUP: saving checkpoint at step {saved}..." in log
+
+
+def test_a_run_under_nohup_does_not_take_sighup_over(monkeypatch):
+    """`nohup` ignores SIGHUP so that a run outlives its terminal: a run must not put a handler in its place."""
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_IGN if signum == signal.SIGHUP else None)
+    assert runs.stop_signals() == [signal.SIGINT, signal.SIGTERM]
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)
+    assert runs.stop_signals() == [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

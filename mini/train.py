@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mini import distributed, grpo, logprobs
 from mini.autobatch import choose_batch_size
-from mini.flags import error_sentence, parse_args, run_command
+from mini.flags import echo, error_sentence, parse_args, run_command
 from mini.dataset import ReplayBuffer, make_source, pad_widths
 from mini.evaluate import evaluate, held_out_samples
 from mini.games import quick_metrics
@@ -31,7 +31,7 @@ from mini.report import make_reporter
 from mini.reward_scorer import ScoringPool, engine_reward
 from mini.rollout import GlobalBatch, InformativeGroups, MicroBatch, Rollout
 from mini.runs import (Resumable, RunDir, RunError, StopRun, StopSignals, caught_signals, disk_full, given_flags,
-                       is_disk_full, resume_config, saved_settings)
+                       is_disk_full, resume_config, saved_settings, stop_signals)
 from mini.runtime import (PhaseTimer, autocast, autocast_dtype, lr_factor, out_of_memory, peak_memory_mb,
                           resolve_device, score_workers, seed_everything)
 from mini.sampler import WIDTH_BUCKET, PromptTooLong, compiled, generate
@@ -472,13 +472,13 @@ def main(argv=None):
 
     def say(line):  # under torchrun every rank stops with the same message: rank 0 prints it
         if distributed.is_main():
-            print(line, file=sys.stderr)
+            echo(line, sys.stderr)
     # until the loop takes the signals over, both stop the start-up as Ctrl-C does, whatever handler the caller had
     # installed: no run directory is left half-made
     def stop_startup(signum, frame):
         caught_signals.append(signum)
         raise KeyboardInterrupt
-    startup = {sig: signal.signal(sig, stop_startup) for sig in (signal.SIGINT, signal.SIGTERM)}
+    startup = {sig: signal.signal(sig, stop_startup) for sig in stop_signals()}
     try:
         saved, source = saved_settings(cfg)
         if saved is not None:
