@@ -2,7 +2,8 @@
 The command line of Config: flags generated from its fields (grouped by topic in --help, booleans as
 --name / --no_name, also those that default to None: set by the device unless given), and every check that
 runs on them before a model loads: values, combinations, the device, the files they name. A bad flag exits
-with code 2 and one sentence.
+with code 2 and one sentence. Also each script's entry point and its lines on the terminal, which outlive a
+reader that stops reading (`| head`, a terminal that hung up).
 """
 import argparse
 import json
