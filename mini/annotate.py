@@ -291,7 +291,7 @@ def build_from_pgn(a):
         sys.exit(f"annotate.py --pgn: no game of standard chess from the initial position in {', '.join(a.pgn)}{said}")
     positions = game_positions(games, random.Random(f"{a.seed}-pgn-P"), a.eval)
     env = game_env_records(games, random.Random(f"{a.seed}-pgn-A"), per_bucket=a.eval_transitions // len(HISTORY_BUCKETS))
-    if len(positions) < a.eval or len(env) < a.eval_transitions - a.eval_transitions % len(HISTORY_BUCKETS):
+    if len(positions) < a.eval or len(env) < a.eval_transitions:
         print(f"annotate.py: the {len(games)} games hold {len(positions)} of the {a.eval} positions and {len(env)} of "
               f"the {a.eval_transitions} transitions asked; writing those")
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
@@ -413,6 +413,10 @@ def main(argv=None):
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
     if a.describe:
+        builds = [f"--{k}" for k, v in vars(a).items() if k != "describe" and v != p.get_default(k)]
+        if builds:  # else a build asked for beside it would be silently skipped
+            p.error(f"--describe only prints the distributions of files: leave out {', '.join(builds)}, or run the "
+                    "build alone")
         for path in a.describe:
             try:
                 print("\n".join(describe(path)))
@@ -438,6 +442,12 @@ def main(argv=None):
         p.error(f"{', '.join(games_only)} draw from played games: " + (
             f"--{'pgn' if a.pgn else 'mates'} plays none, leave them out" if a.pgn or a.mates
             else "give --games N too, or leave them out"))
+    buckets = len(HISTORY_BUCKETS)
+    if (a.games or a.pgn) and a.eval_transitions % buckets:  # drawn equally per bucket: the rest would be dropped
+        p.error(f"--eval_transitions {a.eval_transitions} are drawn equally from the {buckets} history-length buckets "
+                f"({', '.join(f'{lo}-{hi}' for lo, hi in HISTORY_BUCKETS)} half-moves); give a multiple of {buckets}")
+    if a.pgn and a.eval == 0 and a.eval_transitions == 0:
+        p.error("--pgn with --eval 0 and --eval_transitions 0 would write a set of nothing; ask for one of them")
     writes_held_out = not a.mates and not a.pgn and (a.eval_games > 0 if a.games else a.eval > 0)
     if a.pool_path and not a.eval_path and writes_held_out:  # a pool sent elsewhere: its held-out set would not be
         p.error(f"--pool_path alone would write the held-out set over the shipped "

@@ -33,7 +33,7 @@ from mini.flags import Parser, Switch, error_sentence, parse_args, run_command
 from mini.dataset import PoolSource, load_jsonl
 from mini.formats import legal_ucis, policy_completion
 from mini.evaluate import in_data_dir, save_report
-from mini.loader import SNAPSHOT_FILES, save_model
+from mini.loader import SNAPSHOT_FILES, LoadError, save_model
 from mini.model import GPT, GPTConfig
 from mini.positions import random_env_sample
 from mini.reward_scorer import EngineReward, ScoringPool, score_batch
@@ -555,7 +555,7 @@ def main(argv=None):
             setattr(a, k, v)
     try:
         out = {"step": bench_step, "sampler": bench_sampler, "scoring": bench_scoring, "data": bench_data}[a.mode](a)
-    except (OSError, ValueError) as e:  # a missing, empty or malformed --data_file: its loader's sentence
+    except (OSError, ValueError, LoadError) as e:  # a bad --data_file or --model_path: its loader's sentence
         sys.exit(f"bench.py: {error_sentence(e)}")
     if a.json:
         # on a full disk to a temporary file, named in the one sentence it exits with

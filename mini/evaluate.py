@@ -349,7 +349,7 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
     from the cached evals."""
     fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and 0 < v <= sys.maxsize,
-              "shaping": lambda v: isinstance(v, str), "samples": list_of(report_sample)}
+              "shaping": lambda v: v in FIELDS["reward_shaping"].metadata["choices"], "samples": list_of(report_sample)}
     reports = [load_report(p, fields, "evaluate.py") for p in (before_json, after_json)]
     optional = {"pad": lambda v: type(v) is int and v in PAD_WIDTHS,  # older reports have neither: 90, not recorded
                 "max_new_tokens": lambda v: type(v) is int and v > 0}

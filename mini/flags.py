@@ -236,7 +236,10 @@ def echo(line, stream=None):
 
 def run_command(main):
     """sys.exit(main()) for a script. When the reader of its stdout stops reading (`analyze_metrics.py run | head`),
-    it ends as Unix tools do, quietly with 141 (128 + SIGPIPE), not in a BrokenPipeError traceback."""
+    it ends as Unix tools do, quietly with 141 (128 + SIGPIPE), not in a BrokenPipeError traceback. A path whose
+    name is not UTF-8 is printed escaped, as on stderr, not a UnicodeEncodeError under a strict UTF-8 locale."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not first in exit's own flush

@@ -52,9 +52,13 @@ def label(key):
     return f"{key} (TRL {TRL_NAMES[key]})" if TRL_NAMES.get(key, key) != key else key
 
 
+PLOTTABLE = 1e300  # past it an axis overflows (1e308 in a hand-edited or diverged log: "arange: cannot compute length")
+
+
 def series(rows, key):
-    """(steps, values) of the rows that have a number under key."""
-    pts = [(r["step"], v) for r in rows if is_number(v := r.get(key))]
+    """(steps, values) of the rows that have a number under key; one past PLOTTABLE is left out, as a null is
+    (inf and NaN stay: matplotlib leaves them out itself)."""
+    pts = [(r["step"], v) for r in rows if is_number(v := r.get(key)) and not abs(v) > PLOTTABLE]
     return [s for s, _ in pts], [v for _, v in pts]
 
 
@@ -174,6 +178,8 @@ def unsupported_format(path):
     ext = os.path.splitext(path)[1][1:].lower()
     if ext and ext not in FigureCanvasAgg.get_supported_filetypes():
         return f"--plot {path}: matplotlib writes no .{ext} file; end the name with .png (or .svg, .pdf)"
+    if ext == "pgf":  # listed, but written through a LaTeX install, after the comparison has run
+        return f"--plot {path}: matplotlib writes .pgf through LaTeX; end the name with .png (or .svg, .pdf)"
     return None
 
 

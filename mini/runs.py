@@ -214,7 +214,7 @@ def read_rows(path):
     for i, line in lines:
         try:
             rows.append(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested past Python's stack
             if i < lines[-1][0]:
                 raise ValueError(f"{path}:{i}: not a JSON row; the log is damaged") from None
             print(f"{path}:{i}: skipping the last line, cut off", file=sys.stderr)
@@ -481,7 +481,7 @@ class RunDir:
         try:
             with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM an editor put first
                 return json.load(f)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise RunError(f"{path} is damaged (not JSON); restore it, or start afresh with --overwrite") from None
 
     # --- logs

@@ -164,6 +164,24 @@ def test_build_command_refuses_counts_that_write_wrong_files(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, says", [
+    (["--pgn", "{d}/g.pgn", "--eval_transitions", "2"], "--eval_transitions 2 are drawn equally from the 3 "
+     "history-length buckets (1-2, 3-5, 6-10 half-moves); give a multiple of 3"),
+    (["--games", "4", "--eval_transitions", "601"], "give a multiple of 3"),
+    (["--pgn", "{d}/g.pgn", "--eval", "0", "--eval_transitions", "0"], "would write a set of nothing"),
+    (["--pgn", "{d}/g.pgn", "--eval_path", "{d}/e.jsonl", "--describe", "{d}/g.pgn"],
+     "--describe only prints the distributions of files: leave out --stockfish_path, --cache, --eval_path, --pgn, "
+     "or run the build alone")])
+def test_builds_that_would_write_less_than_asked_are_refused(flags, says, tmp_path, capsys):
+    """--eval_transitions are drawn equally per history bucket, so 2 wrote none and 601 wrote 600, without a word;
+    --pgn asked for nothing wrote a set that evaluate.py refuses; --describe beside a build printed and skipped it."""
+    (tmp_path / "g.pgn").write_text('[Event "x"]\n[Result "*"]\n\n1. e4 e5 2. Nf3 *\n')
+    with pytest.raises(SystemExit) as stop:
+        main(["--cache", "", "--stockfish_path", "/nonexistent"] + [f.format(d=tmp_path) for f in flags])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["g.pgn"]
+
+
+@pytest.mark.parametrize("flags, says", [
     (["--pool_path", "{d}/same.jsonl", "--eval_path", "{d}/./same.jsonl"], "the pool would be written over the held-out set"),
     (["--games", "2", "--eval_games", "1", "--pool_path", "{d}/same.jsonl", "--eval_path", "{d}/same.jsonl"],
      "the pool would be written over the held-out set"),
@@ -591,8 +609,8 @@ def test_a_utf_16_pgn_is_read_with_its_byte_order_mark_and_refused_without(tmp_p
 
 def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed(tmp_path, capsys, monkeypatch):
     """--pgn without an engine (the labels stand in): of two files' games, --eval distinct P: positions among their
-    23 plies, each with the moves that led there; --eval_transitions 10 is 3 per history bucket (9: no shortfall to
-    say); more than the games hold is written and said; the skipped games are counted by why; another --seed draws
+    23 plies, each with the moves that led there; --eval_transitions 9 is 3 per history bucket (annotate.py refuses
+    a count the 3 buckets do not divide); more than the games hold is written and said; the skipped games are counted by why; another --seed draws
     another set, the same seed the same file. The labels are searched at --depth with --workers and --cache."""
     monkeypatch.setattr(annotate, "Annotator", LabelAnnotator)
     monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
@@ -611,7 +629,7 @@ def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed
         printed, lines = capsys.readouterr().out, out.read_text().splitlines()
         return printed, json.loads(lines[0])["meta"], [json.loads(x) for x in lines[1:]]
 
-    printed, meta, records = run("--eval", "12", "--eval_transitions", "10")
+    printed, meta, records = run("--eval", "12", "--eval_transitions", "9")
     assert ScreenAnnotator.made == [((3, None, 2, "c.jsonl"), {})]
     assert printed.startswith(f"wrote 12 P: positions and 9 A: transitions of 2 games to {out}; skipped 1 of a "
                               "variant, 2 set up from a FEN (fake, depth=0) in ")
@@ -623,8 +641,8 @@ def test_pgn_build_draws_equal_buckets_says_what_it_skipped_and_follows_its_seed
     assert all(r["fen"] in before and r["history"] == before[r["fen"]][-9:] for r in policy)
     assert all(r["phase"] == phase(chess.Board(r["fen"])) for r in policy)
     assert sorted(history_bucket(len(r["history"])) for r in env) == ["1-2"] * 3 + ["3-5"] * 3 + ["6-10"] * 3
-    again = run("--eval", "12", "--eval_transitions", "10")[2]
-    reseeded = run("--eval", "12", "--eval_transitions", "10", "--seed", "1")[2]
+    again = run("--eval", "12", "--eval_transitions", "9")[2]
+    reseeded = run("--eval", "12", "--eval_transitions", "9", "--seed", "1")[2]
     assert again == records and {r["fen"] for r in reseeded if "moves" in r} != {r["fen"] for r in policy}
     assert [r for r in reseeded if "move" in r] != env
     printed, _, records = run("--eval", "30", "--eval_transitions", "12")

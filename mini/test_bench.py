@@ -20,6 +20,7 @@ import torch
 from mini import bench
 from mini.config import POOL_PATH, Config
 from mini.formats import legal_ucis
+from mini.loader import LoadError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HAS_TRL = all(importlib.util.find_spec(m) for m in ("trl", "datasets", "transformers"))
@@ -538,15 +539,19 @@ def test_figures_over_an_input_or_a_shipped_file_are_refused_before_the_benchmar
 
 
 @pytest.mark.parametrize("error", [ValueError("pool.jsonl, line 3: not JSON"),
-                                   FileNotFoundError(2, "No such file or directory", "gone.jsonl")])
+                                   FileNotFoundError(2, "No such file or directory", "gone.jsonl"),
+                                   LoadError("logs/r is a training run's directory, not a model")])
 def test_a_mode_that_fails_on_its_input_exits_in_one_sentence(monkeypatch, tmp_path, error):
+    """A malformed or missing --data_file, or a --model_path that is no snapshot (a run's directory, the natural
+    mistake): the loader's sentence, no traceback, no figures."""
     def fail(a):
         raise error
     monkeypatch.setattr(bench, "bench_data", fail)
     with pytest.raises(SystemExit) as stop:
         bench.main(["data", "--json", str(tmp_path / "f.json")])
     assert str(stop.value) in ("bench.py: pool.jsonl, line 3: not JSON",
-                               "bench.py: gone.jsonl: no such file or directory; check the path")
+                               "bench.py: gone.jsonl: no such file or directory; check the path",
+                               "bench.py: logs/r is a training run's directory, not a model")
     assert not (tmp_path / "f.json").exists()
 
 

@@ -822,12 +822,14 @@ def test_paired_bootstrap_equals_a_plain_loop_over_the_same_draws():
 
 def test_compare_refuses_a_report_whose_padding_or_size_no_report_holds(tmp_path):
     """A report's pad is 89 or 90 (formats.PAD_WIDTHS), its n_per_task a positive integer that a slice takes (10**30
-    was islice's error), its max_new_tokens a positive integer ("96" was 'cut at 96 and 96'): another value is named
-    in one sentence."""
+    was islice's error), its max_new_tokens a positive integer ("96" was 'cut at 96 and 96'), its shaping one of
+    --shaping's (a hand-edited "Strict" was scored, silently, as continuous): another value is named in one
+    sentence."""
     samples = ev.held_out_samples(1)
     good = write_report(tmp_path / "good.json", samples, ["garbage"] * 2)
     for key, value in (("pad", 91), ("pad", "89"), ("n_per_task", 0), ("n_per_task", True),
-                       ("n_per_task", 10**30), ("max_new_tokens", "96"), ("max_new_tokens", 0)):
+                       ("n_per_task", 10**30), ("max_new_tokens", "96"), ("max_new_tokens", 0), ("shaping", "Strict"),
+                       ("shaping", ["strict"])):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**json.loads(open(good).read()), key: value}))
         with pytest.raises(ValueError, match=re.escape(f"{bad}: its {key!r} is {json.dumps(value)}, which no ")):

@@ -728,6 +728,21 @@ def test_a_short_report_whose_reader_left_before_it_ends_quietly_too():
     assert (p.wait(timeout=60), p.stderr.read()) == (141, "")
 
 
+def test_a_path_that_is_not_utf8_is_printed_escaped(tmp_path):
+    """A folder named in Latin-1 bytes (`r\\xff`) reaches Python as a lone surrogate, which stdout under a strict
+    UTF-8 locale (en_US.UTF-8; PYTHONIOENCODING=utf-8 here) could not encode: analyze_metrics.py, train.py and
+    evaluate.py printed it in a traceback, after their work. The path is printed escaped, as stderr does."""
+    for name in (b"r\xff", b"plain"):
+        run = os.path.join(os.fsencode(tmp_path), name)
+        os.makedirs(run)
+        with open(os.path.join(run, b"metrics.jsonl"), "w") as f:
+            f.write('{"step": 0, "reward_mean": 0.5}\n')
+    p = subprocess.run([sys.executable, "analyze_metrics.py", os.path.join(os.fsencode(tmp_path), b"r\xff"),
+                        str(tmp_path / "plain")], capture_output=True, timeout=60, cwd=os.path.dirname(HERE),
+                       env={**with_buffered_stdout(), "PYTHONIOENCODING": "utf-8"})
+    assert p.returncode == 0 and p.stderr == b"" and b"== r\\udcff ==" in p.stdout
+
+
 def test_a_run_whose_stdout_reader_has_gone_goes_on_logging_to_its_file(tmp_path):
     """`train.py | head` (or `sft.py`): the first log line after the reader left raised a BrokenPipeError in the
     training loop and ended the run. The run goes on, its lines in its log file alone, and ends as it would have."""

@@ -171,6 +171,8 @@ def test_a_file_name_matplotlib_cannot_write_is_named_and_the_others_pass():
     assert plots.unsupported_format("out/compare.txt") == ("--plot out/compare.txt: matplotlib writes no .txt file; "
                                                            "end the name with .png (or .svg, .pdf)")
     assert [plots.unsupported_format(p) for p in ("c.png", "c.PNG", "c.svg", "c.pdf", "compare")] == [None] * 5
+    assert plots.unsupported_format("c.PGF") == ("--plot c.PGF: matplotlib writes .pgf through LaTeX; end the name "
+                                                 "with .png (or .svg, .pdf)")  # a traceback without xelatex
 
 
 def test_compare_bars(tmp_path):
@@ -234,6 +236,15 @@ def test_a_null_a_string_or_a_true_is_no_value_in_any_panel():
     assert list(kl.get_lines()[0].get_xdata()) == [2]
     top = time_ax.collections[-1].get_paths()[0].vertices  # the upper band: from generate's 1, 0, 3 to totals 1, 2, 7
     assert {tuple(v) for v in top.tolist()} == {(1.0, 1.0), (2.0, 0.0), (3.0, 3.0), (3.0, 7.0), (2.0, 2.0)}
+
+
+def test_values_past_any_axis_are_left_out_as_no_value(tmp_path):
+    """A KL of 1e308 (a hand-edited or diverged log) is a number, but an axis spanning it overflows in matplotlib
+    ("arange: cannot compute length", a traceback after analyze_metrics.py's summary): left out of the plot."""
+    rows = [{"step": 1, "kl": 1e308}, {"step": 2, "kl": 0.5}, {"step": 3, "kl": -1e308}, {"step": 4, "kl": 1e300}]
+    assert plots.series(rows, "kl") == ([2, 4], [0.5, 1e300])
+    written = plots.write_run_plots({"solo": [{"step": s, "kl": (-1) ** s * 1e308} for s in range(3)]}, str(tmp_path))
+    assert list(written) == [str(tmp_path / "train.png")]
 
 
 def test_an_overlaid_run_without_a_key_has_no_line_and_no_time_panel():

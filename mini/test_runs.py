@@ -871,6 +871,22 @@ def test_blank_lines_in_a_log_are_no_rows_and_a_bad_line_is_named_by_its_number(
         runs.read_rows(str(log))
 
 
+def test_json_nested_past_the_stack_is_a_damaged_file_not_a_traceback(tmp_path):
+    """A row or a config.json of arrays nested 100,000 deep (damage, or a hostile file) was a RecursionError
+    traceback from the JSON decoder in analyze_metrics.py and in --auto_resume; it is the damaged file's sentence."""
+    deep = "[" * 100_000 + "]" * 100_000
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(f'{{"step": 0, "x": {deep}}}\n{{"step": 1}}\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(log))}:1: not a JSON row"):
+        runs.read_rows(str(log))
+    log.write_text(f'{{"step": 0}}\n{deep}\n')  # the last line: skipped, as a line cut off by a kill would be
+    assert runs.read_rows(str(log)) == [{"step": 0}]
+    os.makedirs(tmp_path / "r")
+    (tmp_path / "r" / "config.json").write_text(deep)
+    with pytest.raises(RunError, match="config.json is damaged \\(not JSON\\); restore it"):
+        RunDir(str(tmp_path), "r").saved_config()
+
+
 def test_train_log_and_the_jsonl_logs_grow_a_line_per_entry(tmp_path):
     run = RunDir(str(tmp_path), "r")
     os.makedirs(run.path)
