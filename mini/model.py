@@ -159,7 +159,8 @@ class GPT(nn.Module):
         tensor's value broke the graph and synced with the host at every forward (the rows come from rollouts
         that the sampler, uncompiled here, already checked)."""
         if not torch.compiler.is_compiling() and pos.numel() and pos.max() >= self.config.n_positions:
-            raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}")
+            raise ValueError(f"sequence needs position {int(pos.max())} but the model has {self.config.n_positions}: "
+                             "give shorter text, or a model with more positions (sft.py from scratch: --n_positions)")
 
     def _block(self, block, x, attn_mask, prefix=None):
         """One block of a forward without a KV cache, recomputed in the backward pass (gradient
