@@ -11,8 +11,10 @@ import glob
 import json
 import multiprocessing
 import os
+import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -989,6 +991,92 @@ def test_a_full_disk_writing_a_text_file_names_its_size(tmp_path, monkeypatch):
     with pytest.raises(RunError, match=r"it needs about 3\.0 MiB and"):
         runs.write_text(str(tmp_path / "config.json"), "x" * 3 * 2**20)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("key", ["model", "optimizer", "step", "config", "run_name", "rng"])
+def test_a_checkpoint_without_one_of_its_parts_is_refused_by_name(tmp_path, key):
+    """Each part train.py reads on resume must be there: a file without one loaded, and failed later on its key."""
+    path = str(tmp_path / "c.pt")
+    save_checkpoint(path, {k: v for k, v in ckpt_state(1).items() if k != key})
+    with pytest.raises(ValueError, match=re.escape(f"lacks {[key]}; it is not a checkpoint of mini/train.py")):
+        load_checkpoint(path)
+
+
+def test_the_start_flags_of_a_config_json_are_neither_checked_nor_taken():
+    """config.json holds the start flags of the run's first start (a hand edit may give them any value): this
+    start's own are used, so a saved "yes" or 3 there is no setting to refuse."""
+    saved = {**dataclasses.asdict(Config()), "auto_resume": "yes", "overwrite": 3, "resume_from_checkpoint": 1}
+    cfg, changed = resume_config(Config(auto_resume=True), set(), saved, "the run")
+    assert (cfg.auto_resume, cfg.overwrite, cfg.resume_from_checkpoint, changed) == (True, False, "", {})
+
+
+def test_only_a_sigterm_within_the_echo_window_is_the_first_ones_echo(monkeypatch):
+    """timeout's SIGTERM to the process and then its group is one request; a Ctrl-C after a SIGTERM, or a SIGTERM
+    past SIGTERM_ECHO_S, is a second request: it quits at once."""
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(runs, "caught_signals", [])  # handled by hand here: mini/conftest.py need not stop the suite
+    announced = []
+    stop = runs.StopSignals(announced.append)
+    stop.handle(signal.SIGTERM, None)
+    now[0] += 1.0
+    stop.handle(signal.SIGTERM, None)  # the echo: the run goes on to its checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        stop.handle(signal.SIGINT, None)
+    now[0] += runs.SIGTERM_ECHO_S
+    with pytest.raises(KeyboardInterrupt):
+        stop.handle(signal.SIGTERM, None)
+    assert (stop.name, announced) == ("SIGTERM", ["SIGTERM"])
+
+
+def test_a_signal_before_the_last_step_says_a_checkpoint_follows_the_next_step(capsys):
+    """Step 4 of 6 done: step 5 is not the last, so the run saves after it instead of finishing."""
+    trainer = types.SimpleNamespace(step=4, cfg=types.SimpleNamespace(steps=6), main=True)
+    runs.Resumable.announce_stop(trainer, "SIGINT")
+    assert capsys.readouterr().err.strip() == ("SIGINT: finishing step 5, then saving a checkpoint "
+                                               "(again to quit at once)")
+
+
+def test_the_resume_command_of_a_torchrun_run_starts_as_many_ranks(tmp_path):
+    """A checkpoint of 2 ranks resumes only in 2 (load_state refuses another count): the printed command says so."""
+    trainer = types.SimpleNamespace(cfg=Config(log_dir=str(tmp_path)), world=2, run_dir=RunDir(str(tmp_path), "r"),
+                                    step=4, log=lambda line: None, save_regular=lambda: None)
+    with pytest.raises(runs.StopRun) as e:
+        runs.Resumable.stop_for_signal(trainer, "SIGINT")
+    assert str(e.value).split("saved; resume with: ")[1].startswith("torchrun --nproc_per_node 2 mini/train.py ")
+    assert e.value.exit_code == 130
+
+
+def test_going_back_one_step_removes_a_recovery_checkpoint_of_the_step_after(tmp_path):
+    """cut_back(3) with recovery.pt of step 4: step 4 is redone, so --auto_resume must not return to it."""
+    run = RunDir(str(tmp_path), "c")
+    os.makedirs(run.path)
+    run.save_regular(ckpt_state(3), keep_last=0)
+    run.save("recovery.pt", ckpt_state(4))
+    run.cut_back(3)
+    assert sorted(os.listdir(run.ckpt_dir)) == ["step_000003.pt", "step_000003.pt.sha256"]
+
+
+def test_a_checkpoint_from_before_the_streamed_sampler_resumes_its_prompt_source():
+    """Checkpoints written before the prompt source had a state dict hold its RNG alone, as "sampler_rng"."""
+    loaded = []
+    buffer = types.SimpleNamespace(items=None, rng=random.Random(0))
+    trainer = types.SimpleNamespace(source=types.SimpleNamespace(load_state_dict=loaded.append), sft_source=None,
+                                    buffer=buffer, selfplay=None)
+    state = {"sampler_rng": (3, 4), "buffer": (["item"], random.Random(5).getstate()), "rng": runs.rng_state()}
+    runs.Resumable.load_rank_state(trainer, state)
+    assert (loaded, buffer.items, buffer.rng.random()) == ([{"rng": (3, 4)}], ["item"], random.Random(5).random())
+
+
+def test_the_last_recovery_keeps_the_bad_state_its_stop_names(tmp_path):
+    """A non-finite step after MAX_RECOVERIES rollbacks in a row stops the run; its message points at the bad state
+    for debugging, so that state is saved before the stop, not only on the rollbacks before it."""
+    saved = []
+    trainer = types.SimpleNamespace(recoveries=runs.MAX_RECOVERIES, step=7, save=saved.append,
+                                    run_dir=RunDir(str(tmp_path), "r"))
+    with pytest.raises(runs.StopRun, match=r"after 3 recoveries; stopping\. The bad state is in .*debug_step_000007"):
+        runs.Resumable.recover(trainer, "non-finite loss")
+    assert saved == ["debug_step_000007.pt"]
 
 
 if __name__ == "__main__":
