@@ -30,17 +30,18 @@ from tqdm.auto import tqdm
 from mini.config import EVAL_PATH, POSITIVE, POOL_PATH, REAL_EVAL_PATH, Config, at_least, between
 from mini.flags import Parser, Switch, error_sentence, not_a_device, run_command
 from mini.dataset import held_out_keys, load_jsonl, record_keys, shipped_keys
-from mini.formats import position_key
+from mini.formats import placement, position_key
 from mini.positions import (HISTORY_BUCKETS, KING_CONSTRAINTS, build_mates, game_fens, game_transitions, history_bucket,
                             iter_positions, king_constraint, phase, play_game, random_env_sample)
 from mini.stockfish import (DEFAULT_CACHE, ENGINE_NAMES, Annotator, append_jsonl, close_engine, engine_deadline,
                             find_stockfish, open_engine, read_jsonl)
 
 
-def write_jsonl(path, meta, positions, labels, transitions=()):
+def write_jsonl(path, meta, positions, labels, transitions=(), game_of=None):
     """Header record, then one P: position per line (with its phase when known), then one A: transition per
     line ({"fen", "move", "history"}: python-chess labels it on loading); written to a temporary file first,
-    then renamed."""
+    then renamed. game_of: {position_key: game} of a set of real games (first_games), each record's "game"."""
+    game = (lambda fen: {}) if game_of is None else (lambda fen: {"game": game_of[position_key(fen)]})
     tmp = path + ".tmp"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:
@@ -49,9 +50,10 @@ def write_jsonl(path, meta, positions, labels, transitions=()):
             for fen, history, phase_name in positions:
                 moves, evals = labels[fen]
                 record = {"fen": fen, "moves": moves, "evals": evals, "history": history, "phase": phase_name}
-                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+                f.write(json.dumps(record | game(fen), separators=(",", ":")) + "\n")
             for fen, move, history in transitions:
-                f.write(json.dumps({"fen": fen, "move": move, "history": history}, separators=(",", ":")) + "\n")
+                record = {"fen": fen, "move": move, "history": history}
+                f.write(json.dumps(record | game(fen), separators=(",", ":")) + "\n")
     except BaseException:  # a failed or cut-off write (Ctrl-C) leaves no half-written .tmp beside the data
         with contextlib.suppress(OSError):  # open() itself may have failed: no .tmp, and its error is the one
             os.remove(tmp)
@@ -277,10 +279,25 @@ def _skipped_or_moves(game):
     return ("without moves", None) if not moves else (None, moves)
 
 
+def first_games(games, fens):
+    """{position_key: index of the first of the games that reaches it} of each of fens' positions: a record of a
+    real-game set names its game, so that evaluate.py --compare --by_game resamples whole games (the positions of
+    one game are not independent); a position two games share is the first one's."""
+    wanted, out = {position_key(fen) for fen in fens}, {}
+    placed = {key.split(" ", 1)[0] for key in wanted}
+    for g, (moves, _) in enumerate(games):
+        for fen in game_fens(moves):
+            # position_key builds a board: only for a ply whose placement some record has
+            if placement(fen) in placed and (key := position_key(fen)) in wanted:
+                out.setdefault(key, g)
+    return out
+
+
 def build_from_pgn(a):
     """--pgn: a held-out set from games the user gives (real games): --eval P: positions drawn over their plies
-    and --eval_transitions A: transitions, equal per history bucket, of the moves played; nothing excluded, as a
-    real game's opening is also in the training games."""
+    and --eval_transitions A: transitions, equal per history bucket, of the moves played, each record with the
+    index of its game in read_pgn's order (first_games); nothing excluded, as a real game's opening is also in
+    the training games."""
     t0 = time.time()
     try:
         games, skipped = read_pgn(a.pgn)
@@ -297,7 +314,8 @@ def build_from_pgn(a):
     with Annotator(a.stockfish_path, a.depth, a.time, a.workers, a.cache) as ann:
         labels = ann.annotate([fen for fen, _, _ in positions])
         meta = header(ann, a, games=len(games), pgn=[os.path.basename(path) for path in a.pgn])
-    write_jsonl(a.eval_path, meta, positions, labels, env)
+    game_of = first_games(games, [fen for fen, _, _ in positions] + [fen for fen, _, _ in env])
+    write_jsonl(a.eval_path, meta, positions, labels, env, game_of)
     print(f"wrote {len(positions)} P: positions and {len(env)} A: transitions of {len(games)} games to {a.eval_path}"
           f"{said} ({meta['stockfish']}, {ann.tag}) in {time.time() - t0:.0f} s")
 

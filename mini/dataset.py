@@ -101,8 +101,9 @@ def load_text(path, skip_bad_lines=True):
 
 def annotated_sample(line):
     """A line of an annotated JSONL file -> P: sample, checked as a P: text line is (check_policy), or, for an
-    A: transition record {"fen", "move", "history"} (mini/annotate.py --games), the A: sample python-chess labels;
-    None for the header record ({"meta": ...}); a ValueError saying what is wrong with any other line."""
+    A: transition record {"fen", "move", "history"} (mini/annotate.py --games), the A: sample python-chess labels,
+    either with its "game" when it has one (annotate.py --pgn); None for the header record ({"meta": ...}); a
+    ValueError saying what is wrong with any other line."""
     r = json.loads(line)
     if not isinstance(r, dict):
         raise ValueError(f"a JSON {type(r).__name__}, not a record of a position")
@@ -110,6 +111,9 @@ def annotated_sample(line):
         if "meta" in r:
             return None
         raise ValueError("the record holds no position (no \"fen\")")
+    if "game" in r and (type(r["game"]) is not int or r["game"] < 0):  # not isinstance: true is an int
+        raise ValueError(f'a record\'s "game" is the index of the game it comes from, a non-negative integer, not '
+                         f'{json.dumps(r["game"])[:40]}')
     if "move" in r:
         checked_board(r["fen"])  # as an A: text line is
         if not isinstance(r["move"], str) or "history" not in r:
@@ -118,9 +122,11 @@ def annotated_sample(line):
         sample = env_sample(r["fen"], r["move"], r["history"])
         if sample.history[-1:] != [r["move"]]:
             raise ValueError(f"an A: record's history ends with its move {r['move']!r:.20} (the format's last entry)")
-        return sample
-    check_policy(r["fen"], r.get("moves"), r.get("evals"))
-    return policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
+    else:
+        check_policy(r["fen"], r.get("moves"), r.get("evals"))
+        sample = policy_sample(r["fen"], r["moves"], r["evals"], history=r.get("history", ()))
+    sample.game = r.get("game")
+    return sample
 
 
 @lru_cache(maxsize=8)

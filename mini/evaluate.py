@@ -9,6 +9,7 @@ defined in the README.
     python mini/evaluate.py --model_path logs/run/final --n 500 --out logs/run/eval-500.json
     python mini/evaluate.py --model_path logs/run/final --data rookworld_val.txt --n 500   # P: and A: text lines
     python mini/evaluate.py --compare before.json after.json
+    python mini/evaluate.py --compare before.json after.json --by_game     # a set of real games: intervals by game
 """
 import contextlib
 import itertools
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import chess
 import numpy as np
@@ -52,12 +54,12 @@ def first_of_each_bucket(samples, n):
 def held_out_samples(n_per_task, seed=1234, path=EVAL_PATH, pad=90):
     """The first n P: positions of the eval set (FEN padded to pad), and n of its A: transitions when it holds
     some (the realistic games' set; first_of_each_bucket), else n A: transitions on the same positions (fixed
-    seed)."""
+    seed), each of its position's game."""
     samples = load_jsonl(path)
     policy = [repad(s, pad) for s in samples if s.task == "P"][:n_per_task]
     env = first_of_each_bucket([s for s in samples if s.task == "A"], n_per_task)
     rng = random.Random(seed)
-    return policy + (env or [random_env_sample(s.fen, s.history, rng) for s in policy])
+    return policy + (env or [replace(random_env_sample(s.fen, s.history, rng), game=s.game) for s in policy])
 
 
 def load_eval_set(path, n_per_task, pad=90):
@@ -133,13 +135,13 @@ def quality_values(samples, completions, engine):
     return out
 
 
-def per_sample_values(samples, completions, shaping="continuous", engine=None):
-    """{metric name: values}, one value per sample the metric applies to (per matched move for eval_P_eval_mae).
-    engine: an EngineReward, for the move quality metrics (None where the engine could not judge the move)."""
-    vals = defaultdict(list)
+def sample_values(samples, completions, shaping="continuous", engine=None):
+    """(index of the sample, metric name, value) of every value per_sample_values holds, sample by sample: a value
+    per sample the metric applies to (per matched move for eval_P_eval_mae), a float or None. engine: an
+    EngineReward, for the move quality metrics (None where the engine could not judge the move)."""
     quality = quality_values(samples, completions, engine) if engine else [[]] * len(samples)
-    for s, c, (reward, comps), q in zip(samples, completions, score_batch(samples, completions, shaping), quality,
-                                        strict=True):
+    scored = zip(samples, completions, score_batch(samples, completions, shaping), quality, strict=True)
+    for i, (s, c, (reward, comps), q) in enumerate(scored):
         t = s.task
         valid = comps["format_valid"]
         pairs = [("eval_reward", reward), (f"eval_reward_{t}", reward), (f"eval_format_valid_{t}", valid),
@@ -147,8 +149,20 @@ def per_sample_values(samples, completions, shaping="continuous", engine=None):
         pairs += [(f"eval_{t}_{k}", v) for k, v in (policy_values(s, c) if t == "P" else env_values(s, c, comps))]
         pairs += [(f"eval_{t}_{k}", v) for k, v in q]
         for name, v in pairs:
-            vals[name].append(None if v is None else float(v))
+            yield i, name, None if v is None else float(v)
+
+
+def by_metric(triples):
+    """{metric name: its values in order} of (index, name, value) triples, the names sorted."""
+    vals = defaultdict(list)
+    for _, name, v in triples:
+        vals[name].append(v)
     return dict(sorted(vals.items()))
+
+
+def per_sample_values(samples, completions, shaping="continuous", engine=None):
+    """{metric name: values} of sample_values."""
+    return by_metric(sample_values(samples, completions, shaping, engine))
 
 
 def known(v):
@@ -210,26 +224,38 @@ def evaluate(model, tokenizer, samples, max_new_tokens=96, batch_size=BATCH_SIZE
     return means(per_sample_values(samples, completions, shaping, engine)), completions
 
 
-def paired_bootstrap(before, after, n_boot=2000, seed=0):
+def paired_bootstrap(before, after, n_boot=2000, seed=0, clusters=None):
     """Per metric of two per_sample_values dicts on the same prompts: (before, after, after - before,
     2.5th and 97.5th percentile of the delta's bootstrap over prompts, n), over the n prompts where both
-    sides have a value (None: not measured). Every metric of n pairs is resampled with the same prompt
-    draws (seeded by seed and n), so an interval does not depend on which other metrics come with it.
-    Metrics pooled over matched moves or valid completions only (the MAEs) are not paired prompt by
-    prompt and are left out, and so is a metric with no pair (an empty section), which has no mean."""
+    sides have a value (None: not measured). Metrics pooled over matched moves or valid completions only
+    (the MAEs) are not paired prompt by prompt and are left out, and so is a metric with no pair (an empty
+    section), which has no mean.
+    clusters: {metric: the cluster of each of its values} (compare --by_game: the game of each value's
+    prompt); such a metric's interval resamples whole clusters, since the prompts of one are not
+    independent: a draw takes C clusters with replacement, C the number of clusters among its n pairs, and
+    its delta is the sum of their pairs' deltas over the number of their pairs (the ratio estimator).
+    Without clusters each prompt is a cluster of its own. Every metric of C clusters is resampled with the
+    same draws, seeded by seed and C (default_rng([seed, C])), so that an interval does not depend on which
+    other metrics come with it, and clusters of one prompt each give the interval over prompts exactly."""
     draws, rows = {}, {}
     for k in before:
         if k.endswith("_mae") or len(before[k]) != len(after.get(k, ())):
             continue
-        pairs = [(b, a) for b, a in zip(before[k], after[k]) if b is not None and a is not None]
-        n = len(pairs)
+        ids = (clusters or {}).get(k, range(len(before[k])))  # none given: a cluster per prompt
+        kept = [(b, a, c) for b, a, c in zip(before[k], after[k], ids, strict=True) if b is not None and a is not None]
+        n = len(kept)
         if n == 0:
             continue
-        if n not in draws:
-            draws[n] = np.random.default_rng([seed, n]).integers(0, n, (n_boot, n))
-        b, a = np.array(pairs, dtype=float).T
+        b, a = np.array([(x, y) for x, y, _ in kept], dtype=float).T
         d = a - b
-        boot = d[draws[n]].mean(1)
+        index = {}  # the clusters numbered in the order of their first pair: a cluster per prompt is the prompt
+        of = np.array([index.setdefault(c, len(index)) for _, _, c in kept])
+        n_clusters = len(index)
+        if n_clusters not in draws:
+            draws[n_clusters] = np.random.default_rng([seed, n_clusters]).integers(0, n_clusters, (n_boot, n_clusters))
+        drawn = draws[n_clusters]
+        sums, sizes = np.bincount(of, weights=d, minlength=n_clusters), np.bincount(of, minlength=n_clusters)
+        boot = sums[drawn].sum(1) / sizes[drawn].sum(1)
         rows[k] = (float(b.mean()), float(a.mean()), float(d.mean()),
                    float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)), n)
     return rows
@@ -344,10 +370,9 @@ def recorded_eval_set(path):
     return path
 
 
-def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
-    """paired_bootstrap of two JSON reports of main(), which must come from the same eval set, still as it
-    was, and the same --shaping; with an EngineReward (--compare A B --engine_quality) the move quality too,
-    from the cached evals."""
+def paired_reports(before_json, after_json):
+    """(the eval set's samples, the two reports) of two JSON reports of main(), which must come from the same eval
+    set, still as it was, and the same --shaping and --max_new_tokens; ValueError in one sentence if not."""
     fields = {"data": lambda v: isinstance(v, str), "n_per_task": lambda v: type(v) is int and 0 < v <= sys.maxsize,
               "shaping": lambda v: v in FIELDS["reward_shaping"].metadata["choices"], "samples": list_of(report_sample)}
     reports = [load_report(p, fields, "evaluate.py") for p in (before_json, after_json)]
@@ -372,9 +397,23 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None):
     if stale:  # the completions would be scored against other positions or labels
         raise ValueError(f"{data} no longer holds the prompts and labels the reports were made on; restore it, "
                          "or evaluate both models again")
-    before, after = (per_sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"], engine)
-                     for r in reports)
-    return paired_bootstrap(before, after, n_boot, seed)
+    return samples, reports
+
+
+def compare(before_json, after_json, n_boot=2000, seed=0, engine=None, by_game=False):
+    """paired_bootstrap of two JSON reports of main() (paired_reports); with an EngineReward (--compare A B
+    --engine_quality) the move quality too, from the cached evals; by_game: intervals that resample whole games,
+    each value's cluster the game of its sample (a set built by annotate.py --pgn records them)."""
+    samples, reports = paired_reports(before_json, after_json)
+    missing = sum(s.game is None for s in samples) if by_game else 0
+    if missing:  # said before the scoring, which --engine_quality makes minutes long
+        raise ValueError(f"{reports[0]['data'] or EVAL_PATH} records no games ({missing} of the {len(samples)} "
+                         "prompts compared have none); sets built by annotate.py --pgn do; leave out --by_game")
+    scored = [list(sample_values(samples, [s["completion"] for s in r["samples"]], r["shaping"], engine))
+              for r in reports]
+    before, after = map(by_metric, scored)
+    clusters = by_metric((i, name, samples[i].game) for i, name, _ in scored[0]) if by_game else None
+    return paired_bootstrap(before, after, n_boot, seed, clusters)
 
 
 def main(argv=None):
@@ -399,9 +438,14 @@ def main(argv=None):
     p.add_argument("--stockfish_path", default=cfg.stockfish_path)
     p.add_argument("--plot", default="", metavar="PNG",
                    help="with --compare: before/after bars with the 95%% intervals to this PNG (pip install -e '.[plot]')")
+    p.add_argument("--by_game", action=Switch, default=False,
+                   help="with --compare on a set of real games (annotate.py --pgn): intervals that resample whole "
+                   "games, as the positions of one game are not independent")
     args = p.parse_args(argv)
     if args.plot and not args.compare:
         p.error("--plot goes with --compare BEFORE AFTER")
+    if args.by_game and not args.compare:  # else a switch that changes nothing
+        p.error("--by_game goes with --compare BEFORE AFTER: it resamples whole games in the comparison's intervals")
     if args.out and args.compare:  # else no file at all where one was asked for
         p.error("--out names an evaluation's report; --compare writes none (it prints its table; --plot PNG draws it)")
     unread = [f"--{k}" for k in ("model_path", "data", "n", "pad", "max_new_tokens", "batch_size", "device", "shaping",
@@ -423,11 +467,15 @@ def main(argv=None):
         if reason:
             print(reason, file=sys.stderr)
         try:
-            rows = compare(*args.compare, engine=engine)
+            rows = compare(*args.compare, engine=engine, by_game=args.by_game)
+            # the header's count of games: compare returns the rows alone, so the set it checked is read once more
+            games = {s.game for s in paired_reports(*args.compare)[0]} if args.by_game else set()
         except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {error_sentence(e)}")
         except KeyboardInterrupt:  # --engine_quality searches each move: minutes
             sys.exit("evaluate.py: interrupted (Ctrl-C) before the comparison ended")
+        if args.by_game:
+            print(f"95% CI of delta: resampling whole games ({len(games)} games), not prompts")
         w = max(map(len, rows), default=6)  # the names' column as wide as the longest
         print(f"{'metric':{w}s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():

@@ -59,6 +59,8 @@ class Sample:
     truncated: int = 0
     # an A: text line whose own label python-chess corrected (parse_line); not part of the sample's content
     relabelled: bool = field(default=False, compare=False)
+    # the game of a real-game set a record comes from (annotate.py --pgn), for intervals that resample whole games
+    game: int | None = field(default=None, compare=False)
 
 
 # ----------------------------------------------------------------------------- formats

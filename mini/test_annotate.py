@@ -758,6 +758,7 @@ def test_realistic_build_holds_out_what_training_reaches_without_an_engine(tmp_p
     assert "the 2 games hold 6 positions for a pool of 50; writing those" in capsys.readouterr().out
     assert not {k for r in pool_a for k in record_keys(r["fen"], r["move"])} & held_out and pool_a
     assert all(len(r["history"]) == chess.Board(r["fen"]).ply() + 1 for r in pool_a)  # --cut_rate 0: the whole game
+    assert not any("game" in r for r in read(ev) + read(pool))  # only a set of real games (--pgn) names them
     main(["--games", "2", "--eval_games", "1", "--eval_transitions", "6", "--transitions", "4", "--cache", "",
           "--pool_path", str(pool), "--eval_path", str(ev)])
     assert sum("move" in r for r in read(pool)) == 4  # --transitions: at most that many
@@ -820,6 +821,33 @@ def test_ctrl_c_cuts_off_the_searches_under_way():
         assert time.monotonic() - t0 < 30
         with pytest.raises(EngineFailure, match="the searches were interrupted"):
             ann.annotate(FENS[3:4])
+
+
+ITALIAN = "1. e4 e5 2. Nf3 Nc6 3. Bc4 Bc5 4. c3 Nf6 5. d3 d6 *"  # its first 4 plies are RUY_20's
+
+
+def test_pgn_records_name_the_first_game_that_reaches_their_position(tmp_path, capsys, monkeypatch):
+    """--pgn writes each record's "game": the index, in read_pgn's order (a skipped game has none), of the first game
+    that reaches its position (an A: record's: the one its move is played from), so the positions the two games share
+    are game 0's; the records are otherwise those written without games, byte for byte, and load with their game."""
+    monkeypatch.setattr(annotate, "Annotator", LabelAnnotator)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    pgn, out = tmp_path / "g.pgn", tmp_path / "set.jsonl"
+    write_pgn(pgn, ('[Variant "Atomic"]', "1. e4 e5 *"), ("", ITALIAN), ("", RUY_20))
+    italian = {position_key(fen) for fen in game_fens(annotate.read_pgn([str(pgn)])[0][0][0])}
+
+    def build():
+        main(["--pgn", str(pgn), "--eval", "40", "--eval_transitions", "12", "--cache", "", "--eval_path", str(out)])
+        return out.read_text().splitlines()
+    lines = build()
+    records = [json.loads(line) for line in lines[1:]]
+    assert all(r["game"] == (0 if position_key(r["fen"]) in italian else 1) for r in records)
+    assert len(records) == 25 + 12 and sum("moves" in r and r["game"] == 0 for r in records) == 10
+    shared = {position_key(f) for f in RUY_20_FENS[:5]}
+    assert {r["game"] for r in records if position_key(r["fen"]) in shared} == {0}
+    assert [s.game for s in load_jsonl(str(out))] == [r["game"] for r in records]
+    monkeypatch.setattr(annotate, "first_games", lambda games, fens: None)  # written as before games were
+    assert [re.sub(r',"game":\d+}$', "}", line) for line in lines] == build()
 
 
 if __name__ == "__main__":

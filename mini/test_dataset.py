@@ -777,5 +777,27 @@ def test_generate_without_stockfish_is_one_sentence():
         make_source(Config(data_source="generate", stockfish_path="/nonexistent/stockfish"))
 
 
+@pytest.mark.parametrize("game, shown", [(-1, "-1"), (True, "true"), ("3", '"3"'), (None, "null"), (2.0, "2.0")])
+def test_a_records_game_is_a_non_negative_integer(tmp_path, game, shown):
+    """A record's "game" (annotate.py --pgn: the index of the game it comes from) is a non-negative integer, not a bool
+    (true is 1 to isinstance): anything else is one sentence with its line, on a P: record or an A: one."""
+    path = tmp_path / "r.jsonl"
+    for record in ({"fen": START, "moves": ["e2e4"], "evals": [0.3]}, {"fen": START, "move": "e2e4", "history": ["e2e4"]}):
+        path.write_text(json.dumps(dict(record, game=game)) + "\n")
+        with pytest.raises(ValueError, match="^" + re.escape(f'{path}:1: a record\'s "game" is the index of the game it '
+                                                             f"comes from, a non-negative integer, not {shown}") + "$"):
+            load_jsonl(str(path), skip_bad_lines=False)
+
+
+def test_p_and_a_records_carry_their_game():
+    """A P: or A: record's "game" is its sample's (0 included), None without one; it is not part of the content."""
+    policy = {"fen": START, "moves": ["e2e4"], "evals": [0.3]}
+    env = {"fen": START, "move": "e2e4", "history": ["e2e4"]}
+    got = [dataset.annotated_sample(json.dumps(dict(r, **extra))) for r in (policy, env)
+           for extra in ({"game": 0}, {"game": 12}, {})]
+    assert [(s.task, s.game) for s in got] == [("P", 0), ("P", 12), ("P", None), ("A", 0), ("A", 12), ("A", None)]
+    assert got[0] == got[1] == got[2] and got[3] == got[4] == got[5]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -1013,5 +1013,127 @@ def test_evaluation_flags_with_compare_are_refused_not_ignored(flags, named, tmp
     assert e.value.code == 2 and err.endswith(f"{named} an evaluation; --compare reads its settings from the two "
                                               "reports: evaluate both models with them, then compare"), err
 
+
+def test_paired_bootstrap_by_cluster_equals_a_plain_loop_over_the_same_draws():
+    """clusters, against a plain reference: the pairs measured on both sides, their clusters numbered in the order
+    of their first pair (a cluster whose every pair is unmeasured is not one of the C), each of n_boot draws of C
+    clusters from default_rng([seed, C]) (the docstring's seeding), a draw's delta the sum of its clusters' deltas
+    over the number of their pairs, not the mean of their means (the clusters differ in size here); the point
+    estimates and n are those without clusters. A metric without clusters is resampled by prompt."""
+    def plain(before, after, ids, n_boot, seed):
+        kept = [(b, a, c) for b, a, c in zip(before, after, ids) if b is not None and a is not None]
+        order = list(dict.fromkeys(c for _, _, c in kept))
+        deltas = [[a - b for b, a, c in kept if c == cluster] for cluster in order]
+        draws = np.random.default_rng([seed, len(order)]).integers(0, len(order), (n_boot, len(order))).tolist()
+        means = sorted(sum(sum(deltas[j]) for j in row) / sum(len(deltas[j]) for j in row) for row in draws)
+
+        def percentile(q):
+            at = (len(means) - 1) * q / 100
+            return means[int(at)] + (means[min(int(at) + 1, len(means) - 1)] - means[int(at)]) * (at - int(at))
+        n = len(kept)
+        return (sum(b for b, _, _ in kept) / n, sum(a for _, a, _ in kept) / n, sum(a - b for b, a, _ in kept) / n,
+                percentile(2.5), percentile(97.5), n)
+    before = [0.0, 1.0, 1.0, 0.0, 1.0, None, 0.5, 0.25, 0.0, 1.0, 0.75]
+    after = [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, None, 1.0, 1.0, 0.0, 0.25]
+    games = [7, 2, 7, 5, 2, 9, 9, 2, 7, 11, 7]  # game 9 has no pair measured on both sides: C = 4
+    rows = ev.paired_bootstrap({"m": before, "x": before}, {"m": after, "x": after}, n_boot=60, seed=3,
+                               clusters={"m": games})
+    assert rows["m"] == pytest.approx(plain(before, after, games, 60, 3), rel=1e-12)
+    assert rows["m"][-1] == 9 and rows["m"][:3] == rows["x"][:3] and rows["m"][3:5] != rows["x"][3:5]
+    assert rows["x"] == ev.paired_bootstrap({"x": before}, {"x": after}, n_boot=60, seed=3)["x"]
+    before, after = np.random.default_rng(0).random(30).tolist(), np.random.default_rng(1).random(30).tolist()
+    games = np.random.default_rng(2).integers(0, 6, 30).tolist()
+    assert ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=40, seed=4, clusters={"m": games})["m"] == \
+        pytest.approx(plain(before, after, games, 40, 4), rel=1e-12)
+
+
+def test_intervals_by_cluster_by_hand():
+    """Clusters whose pairs' deltas average 0.25 each (the pairs' own deltas vary) give [0.25, 0.25]: every draw's
+    pairs average 0.25, where by prompt the interval is wide. 20 games of 10 prompts, each game's prompts all gaining
+    1 or all 0, 10 of each: a draw's delta is Binomial(20, 1/2) / 20, whose 2.5% and 97.5% quantiles are 0.30 and
+    0.70 (P(X <= 5) = 0.021 < 0.025 <= P(X <= 6) = 0.058), against [0.43, 0.57] by prompt, as if the 200 were
+    independent. Clusters of one prompt each give the interval by prompt exactly (the same draws)."""
+    before, after = [0.0, 0.5, 0.0, 0.1, 0.2, 0.3], [0.5, 0.5, 0.25, 0.35, 0.45, 0.55]
+    rows = ev.paired_bootstrap({"m": before, "x": before}, {"m": after, "x": after}, clusters={"m": [0, 0, 1, 2, 2, 2]})
+    assert rows["m"][2:5] == pytest.approx((0.25, 0.25, 0.25), abs=1e-12) and rows["x"][4] - rows["x"][3] > 0.2
+    games = [g for g in range(20) for _ in range(10)]
+    gained = [float(g % 2) for g in games]
+    rows = ev.paired_bootstrap({"m": [0.0] * 200, "x": [0.0] * 200}, {"m": gained, "x": gained}, n_boot=20000,
+                               clusters={"m": games})
+    assert rows["m"][2:] == pytest.approx((0.5, 0.30, 0.70, 200), abs=1e-9)
+    assert rows["x"][3] == pytest.approx(0.43, abs=0.01) and rows["x"][4] == pytest.approx(0.57, abs=0.01)
+    before, after = np.random.default_rng(0).random(25).tolist(), np.random.default_rng(1).random(25).tolist()
+    by_prompt = ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=500, seed=2)
+    assert ev.paired_bootstrap({"m": before}, {"m": after}, n_boot=500, seed=2,
+                               clusters={"m": [f"game {i}" for i in range(25)]}) == by_prompt
+
+
+def test_per_sample_values_groups_sample_values_by_metric():
+    """sample_values yields each value with the index of its sample, sample after sample; per_sample_values is
+    those values by metric, in order (as before the generator)."""
+    samples = ev.held_out_samples(3)
+    completions = [s.completion if i % 3 else "garbage" for i, s in enumerate(samples)]
+    triples = list(ev.sample_values(samples, completions))
+    grouped = {}
+    for _, name, v in triples:
+        grouped.setdefault(name, []).append(v)
+    assert ev.per_sample_values(samples, completions) == dict(sorted(grouped.items()))
+    indices = [i for i, _, _ in triples]
+    assert indices == sorted(indices) and set(indices) == set(range(len(samples)))
+    for i, name, _ in triples:
+        assert name == "eval_reward" or f"_{samples[i].task}_" in name + "_", (i, name)
+
+
+def games_set(tmp_path, env=True):
+    """A set of real games as annotate.py --pgn writes it: 3 P: positions of the shipped eval set, each with its
+    game (0, 0, 1), and (env) 3 A: transitions on them (the labels' best move), of games 1, 2 and 0."""
+    with open(EVAL_PATH) as f:
+        header, *lines = f.read().splitlines()[:4]
+    policy = [dict(json.loads(line), game=g) for line, g in zip(lines, (0, 0, 1))]
+    transitions = [{"fen": r["fen"], "move": r["moves"][0], "history": [r["moves"][0]], "game": g}
+                   for r, g in zip(policy, (1, 2, 0))] if env else []
+    path = tmp_path / ("games.jsonl" if env else "positions.jsonl")
+    path.write_text("\n".join([header] + [json.dumps(r) for r in policy + transitions]) + "\n")
+    return str(path)
+
+
+def test_compare_by_game_resamples_the_games_of_the_values_samples(tmp_path, capsys):
+    """compare(by_game=True) on a set of real games: each metric's clusters are the games of the samples its values
+    come from (eval_reward all 6, eval_reward_A the A: ones); the point estimates and n stay, the intervals change;
+    the table says so and how many games. A set of P: positions alone gives its A: transitions their position's
+    game. --by_game without --compare, or on a set that records no games, is one sentence."""
+    data = games_set(tmp_path)
+    samples = ev.held_out_samples(3, path=data)
+    assert [s.game for s in samples] == [0, 0, 1, 1, 2, 0]
+    completions = [["garbage"] * 6, [s.completion if i in (0, 3, 4) else "garbage" for i, s in enumerate(samples)]]
+    paths = [write_report(tmp_path / f"{i}.json", samples, c, data) for i, c in enumerate(completions)]
+    values = [ev.per_sample_values(samples, c) for c in completions]
+    games = [s.game for s in samples]
+    clusters = {"eval_reward": games, "eval_reward_A": games[3:], "eval_P_best_legal": games[:3]}
+    want = ev.paired_bootstrap(*values, clusters=clusters)
+    rows, plain = ev.compare(*paths, by_game=True), ev.compare(*paths)
+    assert {k: rows[k] for k in clusters} == {k: want[k] for k in clusters} and rows.keys() == plain.keys()
+    assert all(rows[k][::5] == plain[k][::5] and rows[k][:3] == plain[k][:3] for k in rows)
+    assert rows["eval_reward"][3:5] != plain["eval_reward"][3:5]
+    ev.main(["--compare", *paths, "--by_game"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "95% CI of delta: resampling whole games (3 games), not prompts" and out[1].startswith("metric")
+    (row,) = [line.split() for line in out if line.startswith("eval_reward ")]
+    b, a, d, lo, hi, n = rows["eval_reward"]
+    assert row[-3:] == [f"[{lo:+.4f},", f"{hi:+.4f}]", str(n)]
+    positions = ev.held_out_samples(3, path=games_set(tmp_path, env=False))
+    assert [(s.task, s.game) for s in positions] == [("P", 0), ("P", 0), ("P", 1), ("A", 0), ("A", 0), ("A", 1)]
+    with pytest.raises(SystemExit) as stop:
+        ev.main(["--by_game"])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().endswith(
+        "--by_game goes with --compare BEFORE AFTER: it resamples whole games in the comparison's intervals")
+    shipped = garbage_then_labels(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        ev.main(["--compare", *shipped, "--by_game"])
+    assert str(stop.value) == (f"evaluate.py: {EVAL_PATH} records no games (6 of the 6 prompts compared have none); "
+                               "sets built by annotate.py --pgn do; leave out --by_game")
+    assert capsys.readouterr().out == ""
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

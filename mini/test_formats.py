@@ -2,6 +2,8 @@
 
     python mini/test_formats.py
 """
+import copy
+
 import chess
 import pytest
 
@@ -320,6 +322,19 @@ def test_a_label_of_six_moves_or_of_more_evals_than_moves_is_refused():
     check_policy(START, six[:5], [0.0] * 5)
     with pytest.raises(ValueError, match=r"^1 moves need 1 evals, got \[0.1, 0.2\]$"):
         check_policy(START, ["e2e4"], [0.1, 0.2])
+
+
+def test_a_samples_game_survives_repad_and_copies_and_is_not_its_content():
+    """The game a real-game sample comes from (annotate.py --pgn) is kept by repad and copy.copy (load_jsonl's copies
+    of a shipped file's samples), and left out of equality, as relabelled is: the same position from another game is
+    the same sample."""
+    p = policy_sample(START, ["e2e4"], [0.3])
+    p.game = 4
+    assert repad(p, 89).game == copy.copy(p).game == 4 and repad(p, 89).prompt != p.prompt
+    a = parse_line(A_LINES[0])
+    a.game = 0
+    assert repad(a, 89).game == copy.copy(a).game == 0
+    assert p == policy_sample(START, ["e2e4"], [0.3]) and policy_sample(START, ["e2e4"], [0.3]).game is None
 
 
 if __name__ == "__main__":
