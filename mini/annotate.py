@@ -224,7 +224,7 @@ class _QuietGameBuilder(chess.pgn.GameBuilder):
 
 def read_pgn(paths):
     """The games of PGN files as (UCI moves, result), in file order: standard chess from the initial position
-    only, as game_transitions expects. -> (games, {why: count} of the games skipped: a variant, a set-up start
+    only (a Chess960 game from the standard start is one), as game_transitions expects. -> (games, {why: count} of the games skipped: a variant, a set-up start
     position (puzzles, studies), a move or a game python-chess cannot read, a null move, no moves)."""
     games, skipped = [], Counter()
     for path in paths:
@@ -241,7 +241,7 @@ def read_pgn(paths):
                 if why:
                     skipped[why] += 1
                 else:
-                    games.append(([m.uci() for m in moves], game.headers.get("Result", "*")))
+                    games.append((moves, game.headers.get("Result", "*")))
     return games, skipped
 
 
@@ -266,17 +266,27 @@ STANDARD_NAMES = {name.lower() for name in chess.Board.aliases}  # "Standard", "
 
 
 def _skipped_or_moves(game):
-    """(why read_pgn skips a game, None) or (None, its moves)."""
-    if game.headers.get("Variant", "Standard").lower() not in STANDARD_NAMES:
+    """(why read_pgn skips a game, None) or (None, its moves in standard UCI). A Chess960 game from the standard
+    start position is standard chess (castling included) and is kept, its castling moves rewritten from
+    Chess960's king-takes-rook (e1h1) to standard UCI (e1g1); any other Chess960 start is a variant."""
+    board = game.board()
+    chess960_standard = board.chess960 and type(board) is chess.Board and board.fen() == chess.STARTING_FEN
+    if game.headers.get("Variant", "Standard").lower() not in STANDARD_NAMES and not chess960_standard:
         return "of a variant", None
-    if game.board().fen() != chess.STARTING_FEN:
+    if board.fen() != chess.STARTING_FEN:
         return "set up from a FEN", None
     if game.errors:
         return "with a move python-chess cannot read", None
     moves = list(game.mainline_moves())
     if not all(moves):  # a null move ("--"), which no position has
         return "with a null move", None
-    return ("without moves", None) if not moves else (None, moves)
+    if not moves:
+        return "without moves", None
+    ucis = []
+    for move in moves:
+        ucis.append(board.uci(move, chess960=False))
+        board.push(move)
+    return None, ucis
 
 
 def first_games(games, fens):

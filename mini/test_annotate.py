@@ -367,6 +367,18 @@ def test_read_pgn_keeps_standard_games_from_the_initial_position(tmp_path):
                        "with a null move": 1, "without moves": 1, "that python-chess cannot read": 1}
 
 
+def test_read_pgn_keeps_chess960_games_from_the_standard_start_in_standard_uci(tmp_path):
+    """A Chess960 game from the standard start is standard chess: kept, its castling written e1g1 (standard UCI), not
+    Chess960's king-takes-rook e1h1; a Chess960 game from another start is a variant."""
+    path = tmp_path / "960.pgn"
+    write_pgn(path, ('[Variant "Chess960"]', "1. e4 e5 2. Nf3 Nc6 3. Bc4 Bc5 4. O-O Nf6 5. d3 O-O *"),
+              ('[Variant "Chess960"]\n[SetUp "1"]\n[FEN "bbqnnrkr/pppppppp/8/8/8/8/PPPPPPPP/BBQNNRKR w KQkq - 0 1"]',
+               "1. e4 e5 *"))
+    games, skipped = annotate.read_pgn([str(path)])
+    assert games == [("e2e4 e7e5 g1f3 b8c6 f1c4 f8c5 e1g1 g8f6 d2d3 e8g8".split(), "*")]
+    assert skipped == {"of a variant": 1}
+
+
 PGN_PIECES = ['[Event "x"]', '[SetUp "1"]', '[FEN "8/8/8/8/8/8/8/8 w - - 0 1"]', '[FEN "bad"]', '[Variant "Atomic"]',
               "1.", "e4", "e5", "Nf3", "Kf8", "O-O", "e8=Q", "--", "Z0", "(", ")", "{", "}", "$1", "!?", ";c", "%",
               "0-1", "*", "\n", "\n\n", " ", "\ufeff", "é"]
