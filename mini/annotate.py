@@ -224,8 +224,9 @@ class _QuietGameBuilder(chess.pgn.GameBuilder):
 
 def read_pgn(paths):
     """The games of PGN files as (UCI moves, result), in file order: standard chess from the initial position
-    only (a Chess960 game from the standard start is one), as game_transitions expects. -> (games, {why: count} of the games skipped: a variant, a set-up start
-    position (puzzles, studies), a move or a game python-chess cannot read, a null move, no moves)."""
+    only (a Chess960 game from the standard start is one), as game_transitions expects. -> (games, {why: count}
+    of the games skipped: a variant, a set-up start position (puzzles, studies), a move or a game python-chess
+    cannot read, a null move, no moves)."""
     games, skipped = [], Counter()
     for path in paths:
         with open(not_a_device(path), "rb", buffering=PGN_SNIFF_BYTES) as raw, \
