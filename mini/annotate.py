@@ -177,16 +177,42 @@ def game_env_records(games, rng, exclude=frozenset(), per_bucket=None, cut_rate=
     return out
 
 
+def excluded_keys(paths):
+    """--exclude: position_key of every position in these files, which a held-out set of --games keeps off. A data
+    file's records (each position and, for a legal A: move, the one it leads to, as shipped_keys) or a games file
+    of play_games (every position of every game). Read strictly, since a line skipped would let its positions
+    into the held-out set: ValueError in one sentence for a line that is none of these."""
+    keys = set()
+    for path in paths:
+        with open(not_a_device(path), encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                    if "games" in r:
+                        keys |= {position_key(fen) for moves, _ in r["games"] for fen in game_fens(moves)}
+                    elif "fen" in r:
+                        keys |= record_keys(r["fen"], r.get("move"))
+                    elif "meta" not in r:
+                        raise ValueError("no fen, games or meta")
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # a bad FEN or move too
+                    raise ValueError(f"{path} line {i} is no record, header or games line of annotate.py ({e}); give "
+                                     "--exclude the data files or games files that training read") from e
+    return keys
+
+
 def build_from_games(a):
     """--games: realistic data. Eval games (seeded "<seed>-eval") give the held-out P: positions and A:
-    transitions per history bucket, none on a position that any training game or the shipped pool reaches (the
-    start position and common openings stay trainable); training games ("<seed>-train") the pool's P: positions
-    and every one of their A: transitions, none on a held-out position."""
+    transitions per history bucket, none on a position that any training game, the shipped pool or an --exclude
+    file reaches (the start position and common openings stay trainable); training games ("<seed>-train") the
+    pool's P: positions and every one of their A: transitions, none on a held-out position."""
     t0 = time.time()
     kept = os.path.dirname(os.path.abspath(a.pool_path))  # the games are kept beside the pool
     eval_games = play_games(f"{a.seed}-eval", a.eval_games, a.stockfish_path, a.workers, kept) if a.eval_games else []
     train_games = play_games(f"{a.seed}-train", a.games, a.stockfish_path, a.workers, kept)
-    trained = shipped_keys([POOL_PATH]) | {position_key(fen) for moves, _ in train_games for fen in game_fens(moves)}
+    trained = shipped_keys([POOL_PATH]) | a.excluded | {
+        position_key(fen) for moves, _ in train_games for fen in game_fens(moves)}
     # one RNG per draw, so that each set depends on its own settings only
     eval_positions = game_positions(eval_games, random.Random(f"{a.seed}-eval-P"), a.eval, exclude=trained)
     eval_env = game_env_records(eval_games, random.Random(f"{a.seed}-eval-A"), exclude=trained,
@@ -439,6 +465,9 @@ def main(argv=None):
     p.add_argument("--pgn", nargs="+", metavar="FILE", help="instead of generated positions: a held-out set (no pool) "
                    f"from the games of these PGN files, --eval positions and --eval_transitions A: transitions, "
                    f"written to --eval_path (default {PGN_EVAL_PATH})")
+    p.add_argument("--exclude", nargs="+", metavar="FILE", default=[], help="with --games and --eval_games: data files "
+                   "or games files (games-*.jsonl) of earlier training whose positions the held-out set keeps off too, "
+                   "so that a set built after its pools is disjoint from them")
     p.add_argument("--describe", nargs="+", metavar="FILE", help="print the distributions of data files and exit")
     a = p.parse_args(argv)
     if a.describe:
@@ -488,6 +517,13 @@ def main(argv=None):
                 "set; give them two files")
     if any(same(a.cache, path) for path in (a.pool_path, a.eval_path)):
         p.error(f"--cache {a.cache} is also an output of this run; give the analyses' cache a file of its own")
+    if a.exclude and not (a.games and a.eval_games):  # else silently unused
+        p.error("--exclude keeps a held-out set of played games off earlier training: give it with --games N and "
+                "--eval_games N")
+    try:  # read before any engine starts: a damaged file costs nothing
+        a.excluded = frozenset(excluded_keys(a.exclude))
+    except (OSError, ValueError) as e:
+        p.error(f"--exclude: {error_sentence(e)}")
     try:  # before any game is played or position screened, so that a missing engine costs nothing
         a.stockfish_path = find_stockfish(a.stockfish_path)
     except FileNotFoundError as e:

@@ -14,7 +14,7 @@ from functools import lru_cache, partial
 
 import chess
 
-from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH
+from mini.config import DATA_DIR, EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL2_PATH, REAL_EVAL_PATH
 from mini.flags import not_a_device
 from mini.formats import (PAD_WIDTHS, ImpossiblePosition, board_key, check_policy, checked_board, env_sample,
                           legal_ucis, parse_line, placement, policy_sample, position_key, repad)
@@ -176,9 +176,9 @@ def record_keys(fen, move=None):
 
 @lru_cache(maxsize=1)  # the buffer, the sources and self-play each ask at start-up: one read of the files
 def held_out_keys():
-    """Positions no training prompt may show: the eval sets (generated and realistic games) and the mate-in-one
-    test set."""
-    return frozenset(shipped_keys((EVAL_PATH, REAL_EVAL_PATH, MATE_PATH)))
+    """Positions no training prompt may show: the eval sets (generated and two of realistic games) and the
+    mate-in-one test set."""
+    return frozenset(shipped_keys((EVAL_PATH, REAL_EVAL_PATH, REAL_EVAL2_PATH, MATE_PATH)))
 
 
 @lru_cache(maxsize=8)

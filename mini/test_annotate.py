@@ -776,6 +776,41 @@ def test_realistic_build_holds_out_what_training_reaches_without_an_engine(tmp_p
     assert sum("move" in r for r in read(pool)) == 4  # --transitions: at most that many
 
 
+def test_exclude_keeps_the_held_out_set_off_earlier_training_files(tmp_path, monkeypatch, capsys):
+    """--exclude: the positions of a data file (a P: record; an A: record's position and the one its move leads
+    to) and of a games file of play_games stay out of a --games held-out set, beside its own training games'.
+    A line that is none of these, or --exclude without a held-out set of games, is one sentence."""
+    monkeypatch.setattr(annotate, "Annotator", LabelAnnotator)
+    monkeypatch.setattr(annotate, "find_stockfish", lambda path: path)
+    train, held = [(FOOLS_MATE_UCI, "0-1")], [(RUY_20_UCI, "1/2-1/2")]
+    monkeypatch.setattr(annotate, "play_games", lambda tag, *a: held if tag.endswith("-eval") else train)
+    data, games = tmp_path / "pool.jsonl", tmp_path / "games-9-train-1.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in (
+        {"meta": {}}, {"fen": RUY_20_FENS[10], "moves": [RUY_20_UCI[10]], "evals": [0.0]},
+        {"fen": RUY_20_FENS[12], "move": RUY_20_UCI[12], "history": RUY_20_UCI[3:12]})) + "\n")
+    games.write_text(json.dumps({"engine": "sf", "games": [[RUY_20_UCI[:8], "*"]]}) + "\n")
+    pool, ev = tmp_path / "p.jsonl", tmp_path / "e.jsonl"
+    run = lambda *flags: main(["--games", "1", "--eval_games", "1", "--pool", "5", "--eval", "50", "--eval_transitions",
+                               "0", "--cache", "", "--pool_path", str(pool), "--eval_path", str(ev), *flags])
+    run("--exclude", str(data), str(games))
+    held_p = {position_key(json.loads(x)["fen"]) for x in ev.read_text().splitlines()[1:]}
+    trained = {position_key(f) for f in game_fens(FOOLS_MATE_UCI)}
+    assert held_p == {position_key(RUY_20_FENS[i]) for i in (9, 11, *range(14, 20))} - trained
+    run()  # without --exclude, those positions are held out again
+    assert len(ev.read_text().splitlines()[1:]) == 19  # every position a move is played from but the start
+    for bad in ({"fen": "not a fen"}, {"position": RUY_20_FENS[3]}, [1]):
+        data.write_text(json.dumps({"meta": {}}) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(SystemExit) as stop:
+            run("--exclude", str(data))
+        says = f"--exclude: {data} line 2 is no record, header or games line of annotate.py"
+        assert stop.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--pool", "3", "--exclude", str(games), "--cache", ""])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].endswith("--exclude keeps a held-out set of played games off earlier "
+                                                     "training: give it with --games N and --eval_games N")
+
+
 def test_a_full_disk_as_the_files_are_written_is_one_sentence(tmp_path, monkeypatch):
     """After hours of analyses, an OSError as the files are written (a full disk) was a traceback; one sentence
     names the file and says where the analyses are."""

@@ -309,12 +309,12 @@ def test_a_switch_takes_no_value(capsys):
 def test_the_shipped_data_lies_in_mini_data():
     """Every shipped file and model the paths name is there (a renamed path is a missing file at the first run)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("pool.jsonl", "eval.jsonl", "mate_in_one.jsonl", "eval_games.jsonl"):
+    names = ("pool.jsonl", "eval.jsonl", "mate_in_one.jsonl", "eval_games.jsonl", "eval_games2.jsonl")
+    for name in names:
         assert os.path.isfile(os.path.join(here, "data", name)), name
     import mini.config as config
-    assert [config.POOL_PATH, config.EVAL_PATH, config.MATE_PATH, config.REAL_EVAL_PATH] == [
-        os.path.join(here, "data", name) for name in ("pool.jsonl", "eval.jsonl", "mate_in_one.jsonl",
-                                                      "eval_games.jsonl")]
+    assert [config.POOL_PATH, config.EVAL_PATH, config.MATE_PATH, config.REAL_EVAL_PATH, config.REAL_EVAL2_PATH] == [
+        os.path.join(here, "data", name) for name in names]
     assert [config.SHIPPED_MODEL, config.CI_MODEL] == [os.path.join(here, "data", m) for m in ("rookworld-10m",
                                                                                                 "rookworld-8m")]
     assert all(os.path.isfile(os.path.join(m, "config.json")) for m in (config.SHIPPED_MODEL, config.CI_MODEL))

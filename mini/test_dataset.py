@@ -18,7 +18,7 @@ import chess
 import pytest
 
 from mini import dataset
-from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL_PATH, Config
+from mini.config import EVAL_PATH, MATE_PATH, POOL_PATH, REAL_EVAL2_PATH, REAL_EVAL_PATH, Config
 from mini.dataset import (MAX_BAD_LINES, PoolSource, ReplayBuffer, StreamSource, held_out_keys, load_jsonl,
                           load_text, make_source, parsed_lines, record_keys, shows_held_out)
 from mini.formats import (board_key, env_completion, env_sample, legal_ucis, parse_line, placement, policy_prompt,
@@ -368,18 +368,18 @@ def naive_keys(fen, move=None):
 
 
 def test_held_out_keys_are_every_eval_set_position_and_where_its_a_transitions_lead():
-    """The generated and realistic eval sets and the mate-in-one set, each record's position and, for a legal A:
-    move, the position it leads to (an A: completion writes that FEN): no more, no less."""
+    """The generated eval set, the two of realistic games and the mate-in-one set, each record's position and,
+    for a legal A: move, the position it leads to (an A: completion writes that FEN): no more, no less."""
     assert record_keys(START, "e2e4") == naive_keys(START, "e2e4") and len(record_keys(START, "e2e4")) == 2
     assert record_keys(START, "e2e5") == record_keys(START, "Nf3") == record_keys(START) == {position_key(START)}
     want, moves = set(), 0
-    for path in (EVAL_PATH, REAL_EVAL_PATH, MATE_PATH):
+    for path in (EVAL_PATH, REAL_EVAL_PATH, REAL_EVAL2_PATH, MATE_PATH):
         with open(path) as f:
             for r in map(json.loads, f):
                 if "fen" in r:
                     want |= naive_keys(r["fen"], r.get("move"))
                     moves += "move" in r
-    assert moves >= 500 and held_out_keys() == want
+    assert moves >= 1800 and held_out_keys() == want
 
 
 def test_replay_buffer_refuses_impossible_positions():
