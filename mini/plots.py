@@ -16,6 +16,7 @@ chess.png   every chess_* metric of --eval_chess, one panel each
 A panel whose keys no run has is left out; a figure with no panel is not written. Our names label the
 lines, with TRL's name beside them where TRL logs the same quantity (mini/report.py TRL_NAMES).
 """
+import io
 import math
 import os
 
@@ -168,9 +169,23 @@ def write_run_plots(runs, out_dir):
     out = {}
     for name, fig in figs.items():
         if fig is not None:
-            fig.savefig(os.path.join(out_dir, name), dpi=DPI)
+            save_figure(fig, os.path.join(out_dir, name))
             out[os.path.join(out_dir, name)] = fig
     return out
+
+
+def save_figure(fig, path):
+    """Write fig to path; a PNG (also a name without an extension, matplotlib's default) in a palette of 256
+    colours: flat colours and anti-aliased lines lose nothing visible, and the file is about 2.5 times smaller
+    than matplotlib's RGBA, which counts for the curves kept in the repository (mini/data/plots)."""
+    if os.path.splitext(path)[1].lower() not in ("", ".png"):
+        fig.savefig(path, dpi=DPI)
+        return
+    from PIL import Image  # a dependency of matplotlib's own
+
+    rgba = io.BytesIO()
+    fig.savefig(rgba, dpi=DPI, format="png")
+    Image.open(rgba).convert("RGB").quantize(colors=256).save(path, format="PNG", optimize=True)
 
 
 def unsupported_format(path):
@@ -200,5 +215,5 @@ def compare_bars(rows, path, title=""):
                       fontsize="small")
     fig.suptitle((title + "\n" if title else "") + "change with its 95% paired bootstrap interval (* excludes 0)")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
     return fig

@@ -1,5 +1,6 @@
 """mini/plots.py: the panels of a run's figures (read from the matplotlib objects, not the pixels), runs
-overlaid, absent keys skipped, the rolling mean, and compare_bars on evaluate.compare's rows.
+overlaid, absent keys skipped, the rolling mean, compare_bars on evaluate.compare's rows, and PNGs saved in a
+palette.
 
     python mini/test_plots.py
 """
@@ -7,6 +8,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import mini.evaluate as ev
@@ -16,6 +18,7 @@ pytest.importorskip("matplotlib", reason='matplotlib is an optional extra: pip i
 from mini import plots  # noqa: E402  (after the skip: it needs matplotlib)
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 
 
 def synthetic_rows(n=20, shift=0.0, evals=True):
@@ -158,6 +161,23 @@ def test_write_run_plots_writes_only_the_figures_with_a_panel(tmp_path):
     assert (out / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plots.write_run_plots({"solo": [{"step": 1, "peak_mem_mb": 1.0}]}, str(tmp_path / "none")) == {}
     assert list((tmp_path / "none").iterdir()) == []
+
+
+def test_a_png_is_written_in_a_palette_that_keeps_the_picture(tmp_path):
+    """save_figure: a PNG (or a name without an extension) in 256 colours, as large in pixels as matplotlib's own
+    rendering and within a few levels of it on average; another format as matplotlib writes it."""
+    fig = plots.training_figure({"a": synthetic_rows(), "b": synthetic_rows(shift=0.1)})
+    for name in ("train.png", "train"):
+        plots.save_figure(fig, str(tmp_path / name))
+        saved = Image.open(tmp_path / name)
+        assert saved.format == "PNG" and saved.mode == "P" and len(saved.getcolors(256)) <= 256
+    direct = tmp_path / "direct.png"
+    fig.savefig(direct, dpi=plots.DPI)  # matplotlib's RGBA, the reference
+    want, got = (np.asarray(Image.open(p).convert("RGB"), dtype=float) for p in (direct, tmp_path / "train.png"))
+    assert got.shape == want.shape and np.abs(got - want).mean() < 2.0
+    assert os.path.getsize(tmp_path / "train.png") < os.path.getsize(direct)
+    plots.save_figure(fig, str(tmp_path / "train.svg"))
+    assert (tmp_path / "train.svg").read_text().lstrip().startswith("<?xml")
 
 
 def test_compare_bars_writes_a_bare_file_name_to_the_current_folder(tmp_path, monkeypatch):
