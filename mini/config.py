@@ -13,7 +13,7 @@ POOL_PATH = os.path.join(DATA_DIR, "pool.jsonl")  # annotated training positions
 EVAL_PATH = os.path.join(DATA_DIR, "eval.jsonl")  # held-out positions, none of them in the pool
 MATE_PATH = os.path.join(DATA_DIR, "mate_in_one.jsonl")  # held-out mate-in-one positions (mini/chess_eval.py)
 REAL_EVAL_PATH = os.path.join(DATA_DIR, "eval_games.jsonl")  # held-out positions and A: transitions of realistic games
-# twice as many more, built after the training pools and kept off every one of them (annotate.py --exclude)
+# a second such set, twice the first, built after the training pools and kept off them (annotate.py --exclude)
 REAL_EVAL2_PATH = os.path.join(DATA_DIR, "eval_games2.jsonl")
 SHIPPED_MODEL = os.path.join(DATA_DIR, "rookworld-10m")  # the best RookWorld-format model made here; needs no network
 # v3, the smaller model before it: mini/test_learning.py trains it, as its GRPO steps take half the CPU time

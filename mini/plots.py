@@ -23,6 +23,7 @@ import os
 try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from PIL import Image  # a dependency of matplotlib's own
 except ImportError:
     raise ImportError('plotting needs matplotlib, an optional extra: pip install -e ".[plot]"') from None
 
@@ -181,8 +182,6 @@ def save_figure(fig, path):
     if os.path.splitext(path)[1].lower() not in ("", ".png"):
         fig.savefig(path, dpi=DPI)
         return
-    from PIL import Image  # a dependency of matplotlib's own
-
     rgba = io.BytesIO()
     fig.savefig(rgba, dpi=DPI, format="png")
     Image.open(rgba).convert("RGB").quantize(colors=256).save(path, format="PNG", optimize=True)
