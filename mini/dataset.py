@@ -248,13 +248,15 @@ def pad_policy(sample, pads, rng):
 
 class PoolSource:
     """Training prompts: P: from labelled samples; A: from labelled A: samples when the source has them, half the
-    time when it has P: positions too, else python-chess transitions on the P: positions and on the replay
-    buffer's positions; a transition onto a held-out position is drawn again."""
+    time when it has A: bases too, else python-chess transitions on the bases (the P: positions of env_bases,
+    default all of them) and on the replay buffer's positions; a transition onto a held-out position is drawn
+    again."""
 
-    def __init__(self, samples, env_ratio=0.2, seed=0, buffer=None, pads=(90,)):
+    def __init__(self, samples, env_ratio=0.2, seed=0, buffer=None, pads=(90,), env_bases=None):
         self.pads = pads  # P: prompts' FEN widths, one drawn per P: prompt when there are two
         self.policy = [s for s in samples if s.task == "P"]
         self.env = [s for s in samples if s.task == "A"]
+        self.env_bases = self.policy if env_bases is None else [s for s in env_bases if s.task == "P"]
         if not samples:
             raise ValueError("no samples to draw training prompts from")
         self.env_ratio, self.rng, self.buffer = env_ratio, random.Random(seed), buffer
@@ -267,13 +269,13 @@ class PoolSource:
         while len(out) < n:
             if self.policy and self.rng.random() >= env_ratio:
                 out.append(pad_policy(self.rng.choice(self.policy), self.pads, self.rng))
-            elif self.env and (not self.policy or self.rng.random() < 0.5):
+            elif self.env and (not self.env_bases or self.rng.random() < 0.5):
                 out.append(self.rng.choice(self.env))
             else:
                 if self.buffer is not None and len(self.buffer) and self.rng.random() < 0.5:
                     fen, history = self.buffer.sample(1)[0]
                 else:
-                    s = self.rng.choice(self.policy)
+                    s = self.rng.choice(self.env_bases)
                     fen, history = s.fen, s.history
                 s = random_env_sample(fen, history, self.rng)
                 if not shows_held_out(s, self.held_out):  # else drawn again
@@ -358,34 +360,45 @@ def make_source(cfg, buffer=None, rank=0):
     """The configured prompt source: the shipped pool (also what selfplay mixes its own positions with), a
     RookWorld text file or a JSONL file of annotated positions like the pool, or (generate) fresh positions
     labelled by Stockfish as they are needed, seeded cfg.seed + rank (each torchrun rank draws its own).
-    Held-out positions (held_out_keys) are left out of every source. A ValueError or OSError says what is wrong with a data file;
-    a FileNotFoundError that Stockfish is missing."""
+    Held-out positions (held_out_keys) are left out of every source; the P: positions of --policy_only_file's
+    files are no A: prompt's start. A ValueError or OSError says what is wrong with a data file; a
+    FileNotFoundError that Stockfish is missing."""
     if cfg.data_source == "generate":
         ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
         return StreamSource(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
-        samples = []
+        samples, env_bases = [], []
+        policy_only = {os.path.realpath(path) for path in cfg.policy_only_file.split(",") if path}
         for path in cfg.data_file.split(","):  # several files are one source
             if path.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
-                samples += load_jsonl(path, cfg.skip_bad_lines)
+                loaded = load_jsonl(path, cfg.skip_bad_lines)
             else:
-                samples += load_text(path, cfg.skip_bad_lines)[0]
+                loaded = load_text(path, cfg.skip_bad_lines)[0]
+            samples += loaded
+            env_bases += [] if os.path.realpath(path) in policy_only else loaded
     else:
-        samples = load_jsonl(POOL_PATH)
+        samples = env_bases = load_jsonl(POOL_PATH)
     held_out = held_out_keys()  # also out of the shipped pool, which a rebuild by other settings could mix in
     samples = [s for s in samples if not shows_held_out(s, held_out)]
+    env_bases = [s for s in env_bases if not shows_held_out(s, held_out)]
     if not samples:
         raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one "
                          "position")
     has_policy = any(s.task == "P" for s in samples)
-    if cfg.mix_env_ratio < 1 and not has_policy:  # else every prompt would be A:, unasked
-        raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position, so the {1 - cfg.mix_env_ratio:.0%} of "
-                         "P: prompts that --mix_env_ratio asks for cannot be drawn: add a file with P: positions, or "
-                         "set --mix_env_ratio 1 to train the arbiter alone")
     feeds_policy_sft = cfg.policy_sft_coef > 0 and not cfg.sft_data_file  # else the term draws from that file's source
     if feeds_policy_sft and not has_policy:
         raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position for --policy_sft_coef to learn from: add "
                          "a file with P: positions, or leave --policy_sft_coef at 0")
-    return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
+    if cfg.mix_env_ratio < 1 and not has_policy:  # else every prompt would be A:, unasked
+        raise ValueError(f"{cfg.data_file or POOL_PATH} holds no P: position, so the {1 - cfg.mix_env_ratio:.0%} of "
+                         "P: prompts that --mix_env_ratio asks for cannot be drawn: add a file with P: positions, or "
+                         "set --mix_env_ratio 1 to train the arbiter alone")
+    needs_env = cfg.mix_env_ratio > 0 or cfg.env_sft_coef > 0 and not cfg.sft_data_file
+    if needs_env and not env_bases and not any(s.task == "A" for s in samples):
+        raise ValueError(f"{cfg.data_file}: every P: position is in --policy_only_file and no A: sample is there, so "
+                         "no A: prompt or row can be drawn: take a file out of --policy_only_file, or add one with A: "
+                         "transitions")
+    return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad),
+                      env_bases=env_bases)

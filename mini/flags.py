@@ -89,6 +89,12 @@ def problems(values, checks=None):
     if v("eval_chess") and v("eval_every") == 0:
         out.append("--eval_chess adds chess to the periodic evaluation, which --eval_every 0 turns off; set --eval_every "
                    "or drop --eval_chess")
+    listed = {os.path.realpath(path) for flag in ("data_file", "sft_data_file") for path in (v(flag) or "").split(",")
+              if path}
+    strays = [path for path in (v("policy_only_file") or "").split(",") if path and os.path.realpath(path) not in listed]
+    if strays:  # it marks files of those two flags; on its own it would be read by nothing
+        out.append(f"--policy_only_file {', '.join(strays)} is not among the files of --data_file or --sft_data_file; "
+                   "list it there too, or drop it here")
     if v("sft_data_file") and not (v("env_sft_coef") or v("policy_sft_coef")):
         out.append("--sft_data_file feeds the supervised terms: set --env_sft_coef or --policy_sft_coef, or drop it")
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):

@@ -242,8 +242,8 @@ def help_sections(text):
 SFT_HELP = {  # read off mini/config.py: the fields whose scripts hold "sft", under their topics
     "options": [],
     "model and run": ["--model_path", "--device", "--run_name", "--log_dir", "--overwrite", "--seed", "--report_to"],
-    "tasks and data": ["--mix_env_ratio", "--data_source", "--data_file", "--policy_pad", "--skip_bad_lines",
-                       "--stockfish_path", "--stockfish_depth", "--annotate_workers"],
+    "tasks and data": ["--mix_env_ratio", "--data_source", "--data_file", "--policy_only_file", "--policy_pad",
+                       "--skip_bad_lines", "--stockfish_path", "--stockfish_depth", "--annotate_workers"],
     "the GRPO objective": ["--steps", "--batch_size"],
     "optimisation": ["--lr", "--weight_decay", "--adam_beta1", "--adam_beta2", "--grad_clip", "--warmup_steps",
                      "--decay_steps", "--min_lr_ratio", "--bf16", "--bf16_cpu"],

@@ -437,6 +437,36 @@ def test_several_data_files_are_one_source_and_each_rank_draws_with_its_own_seed
         assert make_source(cfg, rank=rank).rng.getstate() == random.Random(cfg.seed + rank).getstate()
 
 
+def test_policy_only_files_give_p_prompts_and_rows_but_start_no_a_transition(tmp_path, monkeypatch):
+    """--policy_only_file: its files' P: positions are P: prompts like the rest, but no A: transition (prompt or
+    supervised row) is drawn on them; the file is matched by its real path. Every P: position policy-only with
+    no A: sample is one sentence when A: prompts are asked for, and fine when they are not."""
+    with open(POOL_PATH) as f:
+        header, *records = f.readlines()[:41]
+    games, mates = tmp_path / "games.jsonl", tmp_path / "mates.jsonl"
+    games.write_text(header + "".join(records[:20]))
+    mates.write_text(header + "".join(records[20:]))
+    fens = {name: {json.loads(r)["fen"] for r in part} for name, part in (("games", records[:20]), ("mates", records[20:]))}
+    monkeypatch.chdir(tmp_path)
+    files = {"data_source": "file", "data_file": f"{games},{mates}", "mix_env_ratio": 0.5}
+    for only, a_from in (("", fens["games"] | fens["mates"]), ("./mates.jsonl", fens["games"])):
+        draws = make_source(Config(**files, policy_only_file=only)).draw(600)
+        assert {s.fen for s in draws if s.task == "P"} == fens["games"] | fens["mates"]
+        assert {s.fen for s in draws if s.task == "A"} == a_from
+    rows = make_source(Config(**files | {"mix_env_ratio": 0.0}, policy_only_file="mates.jsonl", env_sft_coef=1.0))
+    assert {s.fen for s in rows.draw(300, env_ratio=1.0)} == fens["games"]  # the supervised A: rows too
+    labelled = tmp_path / "a.jsonl"  # labelled A: samples still serve, alone, when every P: file is policy-only
+    labelled.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % START)
+    draws = make_source(Config(**files | {"data_file": f"{mates},{labelled}"}, policy_only_file=str(mates))).draw(600)
+    assert {s.fen for s in draws if s.task == "A"} == {START} and {s.fen for s in draws if s.task == "P"} == fens["mates"]
+    with pytest.raises(ValueError, match="every P: position is in --policy_only_file and no A: sample is there"):
+        make_source(Config(**files | {"data_file": str(mates)}, policy_only_file=str(mates)))
+    with pytest.raises(ValueError, match="no A: prompt or row can be drawn"):  # the A: term from the prompt source
+        make_source(Config(**files | {"data_file": str(mates), "mix_env_ratio": 0.0}, policy_only_file=str(mates),
+                           env_sft_coef=1.0))
+    assert make_source(Config(**files | {"data_file": str(mates), "mix_env_ratio": 0.0}, policy_only_file=str(mates)))
+
+
 def test_no_skip_bad_lines_stops_at_a_data_files_first_bad_line_and_no_samples_is_refused(tmp_path):
     """--no_skip_bad_lines: the first bad line of a text or .jsonl data file stops the source, named; a source of
     no samples is refused in a sentence (its draw would never end)."""

@@ -526,9 +526,25 @@ FLAG_TESTS = {
     **{name: "mini/test_reference_step.py::test_trainer_update_equals_the_reference"  # its supervised cases
        for name in ("env_sft_coef", "env_sft_batch", "policy_sft_coef", "policy_sft_batch")},
     "sft_data_file": "mini/test_reference_step.py::test_the_supervised_terms_draw_from_their_own_files",
+    "policy_only_file": "mini/test_dataset.py::test_policy_only_files_give_p_prompts_and_rows_but_start_no_a_transition",
     **{name: "mini/test_sft.py::test_short_run_learns_and_writes_a_snapshot"
        for name in ("n_layer", "n_head", "n_embd", "n_positions")},
 }
+
+
+def test_policy_only_file_must_be_one_of_the_data_files(tmp_path, monkeypatch):
+    """--policy_only_file marks files of --data_file or --sft_data_file, matched by real path; a file of neither
+    would be read by nothing, so it is one sentence."""
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "b.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    files = {"data_source": "file", "data_file": "a.jsonl", "sft_data_file": "b.jsonl", "env_sft_coef": 1.0}
+    for marked in ("a.jsonl", "./b.jsonl", f"{tmp_path / 'a.jsonl'},b.jsonl"):
+        assert problems({**files, "policy_only_file": marked}) == []
+    assert problems({**files, "policy_only_file": "b.jsonl,c.jsonl"}) == [
+        "--policy_only_file c.jsonl is not among the files of --data_file or --sft_data_file; list it there too, "
+        "or drop it here"]
+    assert problems({"policy_only_file": "a.jsonl"})[0].startswith("--policy_only_file a.jsonl is not among")
 
 
 def test_every_flag_has_a_test():

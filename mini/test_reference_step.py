@@ -328,6 +328,10 @@ def test_the_supervised_terms_draw_from_their_own_files(snapshot, tmp_path):
     arbiter.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % chess.STARTING_FEN)
     t = make_trainer(snapshot, tmp_path / "a", "--env_sft_coef", "0.5", "--sft_data_file", str(arbiter))
     assert {s.prompt for s in t.supervised_rows("A", 3).samples} == {f"A: {chess.STARTING_FEN}+e2e4+e2e4+"}
+    # a policy-only file feeds the P: term alone (no A: row is asked of it, so none need start on its positions)
+    t = make_trainer(snapshot, tmp_path / "p", "--policy_sft_coef", "0.3", "--sft_data_file", str(own),
+                     "--policy_only_file", str(own))
+    assert {s.fen for s in t.supervised_rows("P", 4).samples} <= fens
 
 
 if __name__ == "__main__":

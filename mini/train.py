@@ -131,8 +131,9 @@ class Trainer(Resumable):
         self.buffer = ReplayBuffer(seed=cfg.seed + self.rank)
         with stop_on(ValueError, OSError):  # a missing or malformed data file, no Stockfish for --data_source generate
             self.source = make_source(cfg, self.buffer, self.rank)
+            # each term draws its own task (supervised_rows); the ratio says only whether A: rows are wanted
             sft_cfg = dataclasses.replace(cfg, data_source="file", data_file=cfg.sft_data_file, sft_data_file="",
-                                          mix_env_ratio=1.0)  # each term draws its own task (supervised_rows)
+                                          mix_env_ratio=float(cfg.env_sft_coef > 0))
             self.sft_source = make_source(sft_cfg, rank=self.rank) if cfg.sft_data_file else None  # the terms' own
         self.eval_samples = held_out_samples(cfg.eval_n) if cfg.eval_every > 0 and self.main else []
         self.selfplay = None  # --data_source selfplay: positions from the policy's own games
