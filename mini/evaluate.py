@@ -404,7 +404,11 @@ def compare(before_json, after_json, n_boot=2000, seed=0, engine=None, by_game=F
     """paired_bootstrap of two JSON reports of main() (paired_reports); with an EngineReward (--compare A B
     --engine_quality) the move quality too, from the cached evals; by_game: intervals that resample whole games,
     each value's cluster the game of its sample (a set built by annotate.py --pgn records them)."""
-    samples, reports = paired_reports(before_json, after_json)
+    return compare_paired(*paired_reports(before_json, after_json), n_boot, seed, engine, by_game)
+
+
+def compare_paired(samples, reports, n_boot=2000, seed=0, engine=None, by_game=False):
+    """compare() on what paired_reports gave."""
     missing = sum(s.game is None for s in samples) if by_game else 0
     if missing:  # said before the scoring, which --engine_quality makes minutes long
         raise ValueError(f"{reports[0]['data'] or EVAL_PATH} records no games ({missing} of the {len(samples)} "
@@ -467,15 +471,14 @@ def main(argv=None):
         if reason:
             print(reason, file=sys.stderr)
         try:
-            rows = compare(*args.compare, engine=engine, by_game=args.by_game)
-            # the header's count of games: compare returns the rows alone, so the set it checked is read once more
-            games = {s.game for s in paired_reports(*args.compare)[0]} if args.by_game else set()
+            samples, reports = paired_reports(*args.compare)
+            rows = compare_paired(samples, reports, engine=engine, by_game=args.by_game)
         except (OSError, ValueError, KeyError, EngineFailure) as e:
             sys.exit(f"evaluate.py: {error_sentence(e)}")
         except KeyboardInterrupt:  # --engine_quality searches each move: minutes
             sys.exit("evaluate.py: interrupted (Ctrl-C) before the comparison ended")
         if args.by_game:
-            print(f"95% CI of delta: resampling whole games ({len(games)} games), not prompts")
+            print(f"95% CI of delta: resampling whole games ({len({s.game for s in samples})} games), not prompts")
         w = max(map(len, rows), default=6)  # the names' column as wide as the longest
         print(f"{'metric':{w}s} {'before':>8s} {'after':>8s} {'delta':>8s} {'95% CI of delta':>20s} {'n':>5s}")
         for k, (b0, a0, d, lo, hi, n) in rows.items():
