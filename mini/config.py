@@ -81,10 +81,10 @@ class Config:
                            scripts=BOTH)
     data_file: str = opt("", "RookWorld-format text file, or a .jsonl of annotated positions like the pool, "
                          "with --data_source file; several, comma-separated, are one source", scripts=BOTH)
-    policy_only_file: str = opt("", "files of --data_file or --sft_data_file whose P: positions serve P: prompts and "
-                                "rows only, never as the start of an A: transition (mates in one: half the A: "
-                                "transitions drawn on one are its mating move, where under 1% of real games' "
-                                "transitions end in mate); comma-separated", scripts=BOTH)
+    policy_only_file: str = opt("", "files of --data_file (or train.py's --sft_data_file) whose P: positions serve P: "
+                                "prompts and rows only, never as the start of an A: transition (mates in one: half the "
+                                "A: transitions drawn on one are its mating move, where not one in a hundred of real "
+                                "games' transitions ends in mate); comma-separated", scripts=BOTH)
     policy_pad: str = opt("90", "P: prompts' FEN padding: 90 (the generator code's), 89 (RookWorld's validation file's) "
                           "or both (each P: prompt drawn at either: a model robust to both)", choices=("90", "89", "both"),
                           scripts=BOTH)

@@ -397,8 +397,9 @@ def make_source(cfg, buffer=None, rank=0):
                          "set --mix_env_ratio 1 to train the arbiter alone")
     needs_env = cfg.mix_env_ratio > 0 or cfg.env_sft_coef > 0 and not cfg.sft_data_file
     if needs_env and not env_bases and not any(s.task == "A" for s in samples):
-        raise ValueError(f"{cfg.data_file}: every P: position is in --policy_only_file and no A: sample is there, so "
-                         "no A: prompt or row can be drawn: take a file out of --policy_only_file, or add one with A: "
-                         "transitions")
+        raise ValueError(f"{cfg.data_file}: no P: position outside --policy_only_file and no A: sample is left once "
+                         "the held-out positions are out, so no A: prompt or row can be drawn: take a file out of "
+                         "--policy_only_file, add one with A: transitions, or ask for no A: (--mix_env_ratio 0, and "
+                         "--env_sft_coef only with --sft_data_file)")
     return PoolSource(samples, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad),
                       env_bases=env_bases)

@@ -91,10 +91,14 @@ def problems(values, checks=None):
                    "or drop --eval_chess")
     listed = {os.path.realpath(path) for flag in ("data_file", "sft_data_file") for path in (v(flag) or "").split(",")
               if path}
-    strays = [path for path in (v("policy_only_file") or "").split(",") if path and os.path.realpath(path) not in listed]
+    marked = (v("policy_only_file") or "").split(",")
+    strays = [path for path in marked if path and os.path.realpath(path) not in listed]
+    if v("policy_only_file") and "" in marked:  # as --data_file's: "a.jsonl," names the file ""
+        out.append(f"--policy_only_file {v('policy_only_file')!r} has an empty name between its commas; list the files "
+                   "as a.jsonl,b.jsonl")
     if strays:  # it marks files of those two flags; on its own it would be read by nothing
-        out.append(f"--policy_only_file {', '.join(strays)} is not among the files of --data_file or --sft_data_file; "
-                   "list it there too, or drop it here")
+        out.append(f"--policy_only_file {', '.join(strays)} is not among the files of --data_file (or train.py's "
+                   "--sft_data_file); list it there too, or drop it here")
     if v("sft_data_file") and not (v("env_sft_coef") or v("policy_sft_coef")):
         out.append("--sft_data_file feeds the supervised terms: set --env_sft_coef or --policy_sft_coef, or drop it")
     if v("micro_batch_size") and v("batch_size") and v("k_samples") and v("micro_batch_size") > v("batch_size") * v("k_samples"):

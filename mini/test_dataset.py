@@ -459,7 +459,7 @@ def test_policy_only_files_give_p_prompts_and_rows_but_start_no_a_transition(tmp
     labelled.write_text('{"fen": "%s", "move": "e2e4", "history": ["e2e4"]}\n' % START)
     draws = make_source(Config(**files | {"data_file": f"{mates},{labelled}"}, policy_only_file=str(mates))).draw(600)
     assert {s.fen for s in draws if s.task == "A"} == {START} and {s.fen for s in draws if s.task == "P"} == fens["mates"]
-    with pytest.raises(ValueError, match="every P: position is in --policy_only_file and no A: sample is there"):
+    with pytest.raises(ValueError, match="no P: position outside --policy_only_file and no A: sample is left"):
         make_source(Config(**files | {"data_file": str(mates)}, policy_only_file=str(mates)))
     with pytest.raises(ValueError, match="no A: prompt or row can be drawn"):  # the A: term from the prompt source
         make_source(Config(**files | {"data_file": str(mates), "mix_env_ratio": 0.0}, policy_only_file=str(mates),

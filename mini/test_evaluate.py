@@ -980,7 +980,8 @@ def test_ctrl_c_during_the_generation_or_scoring_is_one_sentence_and_writes_no_r
 
 def test_ctrl_c_during_a_comparison_is_one_sentence(monkeypatch):
     """--compare --engine_quality searches each answer's move: minutes, which Ctrl-C ends without a traceback."""
-    monkeypatch.setattr(ev, "compare", interrupted)
+    monkeypatch.setattr(ev, "paired_reports", lambda *paths: ([], []))  # the reports read; the searches under way
+    monkeypatch.setattr(ev, "compare_paired", interrupted)
     try:
         ev.main(["--compare", "a.json", "b.json"])
     except KeyboardInterrupt:

@@ -542,9 +542,11 @@ def test_policy_only_file_must_be_one_of_the_data_files(tmp_path, monkeypatch):
     for marked in ("a.jsonl", "./b.jsonl", f"{tmp_path / 'a.jsonl'},b.jsonl"):
         assert problems({**files, "policy_only_file": marked}) == []
     assert problems({**files, "policy_only_file": "b.jsonl,c.jsonl"}) == [
-        "--policy_only_file c.jsonl is not among the files of --data_file or --sft_data_file; list it there too, "
-        "or drop it here"]
+        "--policy_only_file c.jsonl is not among the files of --data_file (or train.py's --sft_data_file); list it "
+        "there too, or drop it here"]
     assert problems({"policy_only_file": "a.jsonl"})[0].startswith("--policy_only_file a.jsonl is not among")
+    assert problems({**files, "policy_only_file": "a.jsonl,"}) == [
+        "--policy_only_file 'a.jsonl,' has an empty name between its commas; list the files as a.jsonl,b.jsonl"]
 
 
 def test_every_flag_has_a_test():
