@@ -366,6 +366,8 @@ def make_source(cfg, buffer=None, rank=0):
     if cfg.data_source == "generate":
         ann = Annotator(cfg.stockfish_path, depth=cfg.stockfish_depth, workers=cfg.annotate_workers)
         return StreamSource(ann, cfg.mix_env_ratio, seed=cfg.seed + rank, buffer=buffer, pads=pad_widths(cfg.policy_pad))
+    held_out = held_out_keys()  # also out of the shipped pool, which a rebuild by other settings could mix in
+    unseen = lambda loaded: [s for s in loaded if not shows_held_out(s, held_out)]
     if cfg.data_source == "file":
         if not cfg.data_file:
             raise ValueError("--data_source file needs --data_file PATH")
@@ -373,16 +375,13 @@ def make_source(cfg, buffer=None, rank=0):
         policy_only = {os.path.realpath(path) for path in cfg.policy_only_file.split(",") if path}
         for path in cfg.data_file.split(","):  # several files are one source
             if path.endswith(".jsonl"):  # annotated positions in the pool's format (mini/annotate.py --pool_path)
-                loaded = load_jsonl(path, cfg.skip_bad_lines)
+                loaded = unseen(load_jsonl(path, cfg.skip_bad_lines))
             else:
-                loaded = load_text(path, cfg.skip_bad_lines)[0]
+                loaded = unseen(load_text(path, cfg.skip_bad_lines)[0])
             samples += loaded
             env_bases += [] if os.path.realpath(path) in policy_only else loaded
     else:
-        samples = env_bases = load_jsonl(POOL_PATH)
-    held_out = held_out_keys()  # also out of the shipped pool, which a rebuild by other settings could mix in
-    samples = [s for s in samples if not shows_held_out(s, held_out)]
-    env_bases = [s for s in env_bases if not shows_held_out(s, held_out)]
+        samples = env_bases = unseen(load_jsonl(POOL_PATH))
     if not samples:
         raise ValueError(f"{cfg.data_file or POOL_PATH}: every position in it is a held-out eval or mate-in-one "
                          "position")

@@ -91,11 +91,7 @@ def problems(values, checks=None):
                    "or drop --eval_chess")
     listed = {os.path.realpath(path) for flag in ("data_file", "sft_data_file") for path in (v(flag) or "").split(",")
               if path}
-    marked = (v("policy_only_file") or "").split(",")
-    strays = [path for path in marked if path and os.path.realpath(path) not in listed]
-    if v("policy_only_file") and "" in marked:  # as --data_file's: "a.jsonl," names the file ""
-        out.append(f"--policy_only_file {v('policy_only_file')!r} has an empty name between its commas; list the files "
-                   "as a.jsonl,b.jsonl")
+    strays = [path for path in (v("policy_only_file") or "").split(",") if path and os.path.realpath(path) not in listed]
     if strays:  # it marks files of those two flags; on its own it would be read by nothing
         out.append(f"--policy_only_file {', '.join(strays)} is not among the files of --data_file (or train.py's "
                    "--sft_data_file); list it there too, or drop it here")
@@ -192,10 +188,11 @@ def missing_files(values):
         elif not os.path.isdir(model):
             out.append(f"--model_path: model directory {model} does not exist; pass an existing snapshot directory "
                        "or a hub id like jrahn/RookWorld-LM-124M")
-    for flag in ("data_file", "sft_data_file"):
-        names = (v(flag) or "").split(",")
-        if v(flag) and "" in names:  # "a.jsonl," would name the file "" and fail later, unclearly
+    for flag in ("data_file", "sft_data_file", "policy_only_file"):
+        if v(flag) and "" in v(flag).split(","):  # "a.jsonl," would name the file "" and fail later, unclearly
             out.append(f"--{flag} {v(flag)!r} has an empty name between its commas; list the files as a.jsonl,b.jsonl")
+    for flag in ("data_file", "sft_data_file"):  # --policy_only_file's files are theirs (problems says when not)
+        names = (v(flag) or "").split(",")
         folders = [path for path in names if path and os.path.isdir(path)]
         devices = [path for path in names if path and os.path.exists(path) and not os.path.isfile(path)
                    and path not in folders]  # /dev/zero, a pipe: no end, or read once
