@@ -298,3 +298,23 @@ def save_model(model, tokenizer, out_dir, dtype=torch.float32):
     fsync_path(os.path.dirname(out_dir))  # the renames
     shutil.rmtree(aside, ignore_errors=True)
     return out_dir
+
+
+@torch.no_grad()
+def average_snapshots(paths, out_dir, dtype=torch.bfloat16):
+    """Save the mean of the weights of snapshots fine-tuned from one start (a model soup: Wortsman et al. 2022)
+    to out_dir, cast to dtype; the tokenizer is the first snapshot's. Averaging runs that moved little from
+    their start keeps what they share and damps what each drew by chance (how `rookworld-10m` was made)."""
+    if not paths:
+        raise LoadError("no snapshots to average; give the paths of two or more fine-tuned snapshots")
+    first, tokenizer = load_model(paths[0])
+    total = {k: w.clone() for k, w in first.state_dict().items()}
+    for path in paths[1:]:
+        state = load_model(path)[0].state_dict()
+        if {k: w.shape for k, w in state.items()} != {k: w.shape for k, w in total.items()}:
+            raise LoadError(f"{path} has other weight shapes than {paths[0]}; average only snapshots of one "
+                            "architecture, fine-tuned from one start")
+        for k, w in state.items():
+            total[k] += w
+    first.load_state_dict({k: w / len(paths) for k, w in total.items()})
+    return save_model(first, tokenizer, out_dir, dtype=dtype)

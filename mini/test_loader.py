@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mini.config import CI_MODEL, SHIPPED_MODEL
-from mini.loader import CONV1D, LoadError, load_model, save_model
+from mini.loader import CONV1D, LoadError, average_snapshots, load_model, save_model
 from mini.model import GPT, GPTConfig
 from mini.tokenizer import Tokenizer
 
@@ -517,6 +517,31 @@ def test_a_failed_save_leaves_nothing_half_written(snapshot, tmp_path, monkeypat
 def test_load_model_puts_the_model_on_the_device_asked(snapshot):
     model, _ = load_model(snapshot[1], device="meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+
+def test_average_snapshots_is_the_mean_of_their_weights(snapshot, tmp_path):
+    model, path = snapshot
+    torch.manual_seed(1)
+    other = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=48)).eval()
+    other_path = save_model(other, Tokenizer.gpt2(), str(tmp_path / "other"))
+    mean, _ = load_model(average_snapshots([path, other_path], str(tmp_path / "mean"), dtype=torch.float32))
+    w, v, m = (x.state_dict()["transformer.h.1.mlp.c_fc.weight"] for x in (model, other, mean))
+    assert torch.allclose(m, (w + v) / 2, atol=1e-7)
+    bf16, _ = load_model(average_snapshots([path, path], str(tmp_path / "same")))  # the shipped dtype by default
+    assert torch.equal(bf16.state_dict()["transformer.wte.weight"],
+                       model.state_dict()["transformer.wte.weight"].bfloat16().float())
+
+
+def test_average_snapshots_of_two_architectures_or_none_is_a_load_error(snapshot, tmp_path):
+    _, path = snapshot
+    wider = save_model(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, n_positions=48)), Tokenizer.gpt2(),
+                       str(tmp_path / "wider"))
+    with pytest.raises(LoadError, match="other weight shapes"):
+        average_snapshots([path, wider], str(tmp_path / "mean"))
+    with pytest.raises(LoadError, match="no snapshots to average"):
+        average_snapshots([], str(tmp_path / "mean"))
+    assert not os.path.exists(tmp_path / "mean")
 
 
 if __name__ == "__main__":
