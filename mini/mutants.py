@@ -8572,6 +8572,14 @@ MUTANTS = [
            'plots.py', 'not in ("", ".png"):',
            'not in (".png",):',
            ('mini/test_plots.py::test_a_png_is_written_in_a_palette_that_keeps_the_picture',)),
+    Mutant('sf_killed_engine_reported', "an engine killed as its search starts prints asyncio's traceback at exit",
+           'stockfish.py', '    engine.protocol.loop.set_exception_handler(quiet_about_dead_engines)\n',
+           '',
+           ('mini/test_annotate.py::test_an_engine_killed_as_its_search_starts_leaves_no_error_report_at_exit',)),
+    Mutant('sf_every_error_quiet', "an engine loop's errors other than the engine's death are no longer reported",
+           'stockfish.py', '    if not isinstance(context.get("exception"), chess.engine.EngineTerminatedError):',
+           '    if False:',
+           ('mini/test_annotate.py::test_an_engine_killed_as_its_search_starts_leaves_no_error_report_at_exit',)),
 ]
 
 

@@ -59,7 +59,16 @@ def open_engine(path, deadline):
     # which may still need it to finish a step; it quits when its owner closes it or dies (end of its input)
     engine = DeadlineEngine.popen_uci(path, timeout=max(deadline, HANDSHAKE_S), setpgrp=True)
     engine.timeout = deadline
+    engine.protocol.loop.set_exception_handler(quiet_about_dead_engines)
     return engine
+
+
+def quiet_about_dead_engines(loop, context):
+    """The engine thread's asyncio error report, less the engine's death. A search cut off at its start (a kill of
+    ours: Ctrl-C, a deadline) fails the caller's call, which handles it, and also a future nobody awaits, which
+    asyncio would print as an error with a traceback at exit, after the one-sentence message."""
+    if not isinstance(context.get("exception"), chess.engine.EngineTerminatedError):
+        loop.default_exception_handler(context)
 
 
 def find_stockfish(path=""):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 
 import chess
 import chess.engine
@@ -24,7 +25,8 @@ from mini.config import EVAL_PATH, REAL_EVAL_PATH
 from mini.dataset import held_out_keys, load_jsonl, record_keys
 from mini.formats import position_key
 from mini.positions import build_mates, game_fens, history_bucket, phase
-from mini.stockfish import Annotator, EngineFailure, append_jsonl, cp_loss, engine_deadline, find_stockfish, read_jsonl
+from mini.stockfish import (Annotator, EngineFailure, append_jsonl, close_engine, cp_loss, engine_deadline, find_stockfish,
+                            open_engine, read_jsonl)
 
 try:
     STOCKFISH = find_stockfish()
@@ -824,6 +826,43 @@ def test_a_full_disk_as_the_files_are_written_is_one_sentence(tmp_path, monkeypa
     assert str(stop.value) == (f"annotate.py: {pool}: no space left on device; check the path; the analyses done so far "
                                "are in the --cache file, if one was given, and a rerun with the same flags reads them "
                                "back")
+
+
+@needs_stockfish
+def test_an_engine_killed_as_its_search_starts_leaves_no_error_report_at_exit(caplog):
+    """A kill in the first milliseconds of a search (Ctrl-C, a deadline) failed the caller's call, as it should,
+    and also a future nobody awaited, which asyncio printed at exit with a traceback under annotate.py's one
+    sentence (about half of such kills). Each engine's loop now reports every error but the engine's death."""
+    import gc
+    caught = []
+    for trial in range(20):
+        engine = open_engine(STOCKFISH, 60)
+        def search():
+            try:
+                engine.analyse(chess.Board(), chess.engine.Limit(depth=30), multipv=5, game=object())
+            except (chess.engine.EngineError, CancelledError) as e:  # either, by the moment of the kill
+                caught.append(type(e).__name__)  # not e: its traceback would keep the futures from collection
+        worker = threading.Thread(target=search)
+        worker.start()
+        time.sleep(0.0005 * trial)  # from at once to 10 ms in: the start of the search
+        pid = engine.transport.get_pid()
+        os.kill(pid, signal.SIGKILL)
+        worker.join()
+        close_engine(engine, kill=True)
+        for thread in threading.enumerate():  # the engine's loop ends, and what it held is collected
+            if f"(pid={pid})" in thread.name:
+                thread.join(10)
+        del engine
+        gc.collect()
+    assert len(caught) == 20
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+    engine = open_engine(STOCKFISH, 60)  # an error that is not the engine's death is still reported
+    lost = engine.protocol.loop.create_future()
+    lost.set_exception(ValueError("not about the engine"))
+    del lost
+    gc.collect()
+    close_engine(engine)
+    assert "not about the engine" in caplog.text
 
 
 @needs_stockfish
