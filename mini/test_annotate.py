@@ -3,6 +3,7 @@ import argparse
 import codecs
 import contextlib
 import errno
+import gc
 import itertools
 import json
 import os
@@ -833,7 +834,6 @@ def test_an_engine_killed_as_its_search_starts_leaves_no_error_report_at_exit(ca
     """A kill in the first milliseconds of a search (Ctrl-C, a deadline) failed the caller's call, as it should,
     and also a future nobody awaited, which asyncio printed at exit with a traceback under annotate.py's one
     sentence (about half of such kills). Each engine's loop now reports every error but the engine's death."""
-    import gc
     caught = []
     for trial in range(20):
         engine = open_engine(STOCKFISH, 60)

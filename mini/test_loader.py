@@ -519,7 +519,6 @@ def test_load_model_puts_the_model_on_the_device_asked(snapshot):
     assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
-
 def test_average_snapshots_is_the_mean_of_their_weights(snapshot, tmp_path):
     model, path = snapshot
     torch.manual_seed(1)
