@@ -21,6 +21,9 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import chess
 import chess.engine
 import chess.pgn

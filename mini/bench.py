@@ -23,6 +23,9 @@ import tempfile
 import time
 import traceback
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model here is a local snapshot; never wait on the hub
 
 import torch

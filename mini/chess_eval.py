@@ -15,6 +15,9 @@ import sys
 import time
 from collections import Counter
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import chess
 import chess.engine
 

@@ -22,6 +22,9 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import chess
 import numpy as np
 import torch

@@ -21,6 +21,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from mini.flags import run_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -8587,6 +8590,14 @@ MUTANTS = [
            'stockfish.py', '    if not isinstance(context.get("exception"), chess.engine.EngineTerminatedError):',
            '    if False:',
            ('mini/test_annotate.py::test_an_engine_killed_as_its_search_starts_leaves_no_error_report_at_exit',)),
+    Mutant('ev_script_needs_install', "`python mini/evaluate.py` stops at `import mini` unless the package is installed",
+           'evaluate.py', '    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))',
+           '    pass',
+           ('mini/test_layout.py::test_a_script_runs_from_a_checkout_that_is_not_installed',
+            'mini/test_layout.py::test_a_script_imports_mini_from_its_checkout_before_anything_of_mini')),
+    Mutant('tr_script_needs_install', "`python mini/train.py` stops at `import mini` unless the package is installed",
+           'train.py', 'if not __package__:', 'if False:',
+           ('mini/test_layout.py::test_a_script_imports_mini_from_its_checkout_before_anything_of_mini',)),
 ]
 
 

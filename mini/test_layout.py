@@ -112,5 +112,40 @@ def test_the_mutant_list_read_through_head_ends_without_a_traceback():
     assert p.wait(timeout=60) == 141 and err == ""
 
 
+def scripts():
+    """The modules a user runs as `python mini/NAME.py`: those with a `__main__` block."""
+    def runs(name):
+        body = ast.parse(open(os.path.join(HERE, name + ".py"), encoding="utf-8").read()).body
+        return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in body)
+    return [name for name in modules() if runs(name)]
+
+
+@pytest.mark.parametrize("name", scripts())
+def test_a_script_imports_mini_from_its_checkout_before_anything_of_mini(name):
+    """`python mini/train.py` puts mini/, not the repository root, on sys.path: without `pip install -e .` every
+    script stopped at its first import of the package. Each puts its checkout first, before that import."""
+    body = ast.parse(open(os.path.join(HERE, name + ".py"), encoding="utf-8").read()).body
+    guard = [i for i, node in enumerate(body) if isinstance(node, ast.If) and ast.unparse(node.test) == "not __package__"
+             and "sys.path.insert(0" in ast.unparse(node)]
+    first_mini = min(i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))
+                     and mini_imports_of(node))
+    assert guard and guard[0] < first_mini, f"{name}.py: put the checkout on sys.path before importing mini"
+
+
+def mini_imports_of(node):
+    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+    return any(n == "mini" or n.startswith("mini.") for n in names)
+
+
+def test_a_script_runs_from_a_checkout_that_is_not_installed(tmp_path):
+    """The site-packages without their .pth files (python -S): the editable install of `mini` is gone, torch and
+    python-chess stay; run from another folder, evaluate.py still finds its package and prints its help."""
+    import site
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(site.getsitepackages()))
+    p = subprocess.run([sys.executable, "-S", os.path.join(HERE, "evaluate.py"), "--help"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage: evaluate.py"), p.stderr[-500:]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -16,6 +16,9 @@ import signal
 import sys
 import time
 
+if not __package__:  # run as `python mini/x.py`, not installed: import `mini` from this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
