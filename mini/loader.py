@@ -307,14 +307,16 @@ def average_snapshots(paths, out_dir, dtype=torch.bfloat16):
     their start keeps what they share and damps what each drew by chance (how `rookworld-10m` was made)."""
     if not paths:
         raise LoadError("no snapshots to average; give the paths of two or more fine-tuned snapshots")
+    if os.path.realpath(out_dir) in {os.path.realpath(p) for p in paths}:  # save_model would replace that input
+        raise LoadError(f"{out_dir} is one of the snapshots to average; write the mean to another folder")
     first, tokenizer = load_model(paths[0])
     total = {k: w.clone() for k, w in first.state_dict().items()}
     for path in paths[1:]:
-        state = load_model(path)[0].state_dict()
-        if {k: w.shape for k, w in state.items()} != {k: w.shape for k, w in total.items()}:
-            raise LoadError(f"{path} has other weight shapes than {paths[0]}; average only snapshots of one "
-                            "architecture, fine-tuned from one start")
-        for k, w in state.items():
+        model = load_model(path)[0]
+        if model.config != first.config:  # same shapes are not enough: n_head splits the same weights otherwise
+            raise LoadError(f"{path} is another architecture than {paths[0]} ({model.config} against "
+                            f"{first.config}); average only snapshots of one architecture, fine-tuned from one start")
+        for k, w in model.state_dict().items():
             total[k] += w
     first.load_state_dict({k: w / len(paths) for k, w in total.items()})
     return save_model(first, tokenizer, out_dir, dtype=dtype)

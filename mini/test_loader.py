@@ -533,14 +533,32 @@ def test_average_snapshots_is_the_mean_of_their_weights(snapshot, tmp_path):
 
 
 def test_average_snapshots_of_two_architectures_or_none_is_a_load_error(snapshot, tmp_path):
+    """Other shapes, or the same shapes split otherwise (n_head 4 against 2: the mean would be saved under the
+    first one's config, a model nobody trained), or no snapshot at all."""
     _, path = snapshot
     wider = save_model(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, n_positions=48)), Tokenizer.gpt2(),
                        str(tmp_path / "wider"))
-    with pytest.raises(LoadError, match="other weight shapes"):
-        average_snapshots([path, wider], str(tmp_path / "mean"))
+    more_heads = save_model(GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, n_positions=48)), Tokenizer.gpt2(),
+                            str(tmp_path / "more_heads"))
+    for other in (wider, more_heads):
+        with pytest.raises(LoadError, match="another architecture"):
+            average_snapshots([path, other], str(tmp_path / "mean"))
     with pytest.raises(LoadError, match="no snapshots to average"):
         average_snapshots([], str(tmp_path / "mean"))
     assert not os.path.exists(tmp_path / "mean")
+
+
+def test_average_snapshots_never_writes_over_one_of_its_inputs(snapshot, tmp_path):
+    """save_model replaces a folder that holds a snapshot: the mean written to an input's own folder would
+    destroy that run's weights, with no way back."""
+    model, path = snapshot
+    other = save_model(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, n_positions=48)), Tokenizer.gpt2(),
+                       str(tmp_path / "other"))
+    for out in (path, os.path.join(other, ".")):
+        with pytest.raises(LoadError, match="is one of the snapshots to average"):
+            average_snapshots([path, other], out)
+    assert torch.equal(load_model(path)[0].state_dict()["transformer.wte.weight"],
+                       model.state_dict()["transformer.wte.weight"])
 
 
 if __name__ == "__main__":
