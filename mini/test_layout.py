@@ -138,10 +138,12 @@ def mini_imports_of(node):
 
 
 def test_a_script_runs_from_a_checkout_that_is_not_installed(tmp_path):
-    """The site-packages without their .pth files (python -S): the editable install of `mini` is gone, torch and
-    python-chess stay; run from another folder, evaluate.py still finds its package and prints its help."""
-    import site
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(site.getsitepackages()))
+    """This interpreter's path without .pth files (python -S) and without the checkout itself: the editable install
+    of `mini` is gone, torch and python-chess stay (a venv's, the user's or the system's site-packages); run from
+    another folder, evaluate.py still finds its package and prints its help."""
+    root = os.path.realpath(os.path.join(HERE, ".."))
+    kept = [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) != root]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(kept))
     p = subprocess.run([sys.executable, "-S", os.path.join(HERE, "evaluate.py"), "--help"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("usage: evaluate.py"), p.stderr[-500:]
