@@ -28,18 +28,20 @@ TOOLS = ["annotate", "chess_eval", "sft", "bench", "mutants"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def mini_modules(node):
+    """Names of the mini modules that one AST node imports (none for a node that is no import)."""
+    if isinstance(node, ast.ImportFrom) and node.module == "mini":
+        return {a.name for a in node.names}
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mini."):
+        return {node.module.split(".")[1]}
+    if isinstance(node, ast.Import):
+        return {a.name.split(".")[1] for a in node.names if a.name.startswith("mini.")}
+    return set()
+
+
 def mini_imports(path):
     """Names of the mini modules that a file imports."""
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "mini":
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mini."):
-            out.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("mini.")}
-    return out
+    return set().union(*map(mini_modules, ast.walk(ast.parse(open(path, encoding="utf-8").read()))))
 
 
 def modules():
@@ -127,14 +129,8 @@ def test_a_script_imports_mini_from_its_checkout_before_anything_of_mini(name):
     body = ast.parse(open(os.path.join(HERE, name + ".py"), encoding="utf-8").read()).body
     guard = [i for i, node in enumerate(body) if isinstance(node, ast.If) and ast.unparse(node.test) == "not __package__"
              and "sys.path.insert(0" in ast.unparse(node)]
-    first_mini = min(i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))
-                     and mini_imports_of(node))
+    first_mini = min(i for i, node in enumerate(body) if mini_modules(node))
     assert guard and guard[0] < first_mini, f"{name}.py: put the checkout on sys.path before importing mini"
-
-
-def mini_imports_of(node):
-    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-    return any(n == "mini" or n.startswith("mini.") for n in names)
 
 
 def test_a_script_runs_from_a_checkout_that_is_not_installed(tmp_path):
