@@ -162,11 +162,14 @@ def policy_loss(logp, old_logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2, 
     a = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     # (N, T), 1 on padding: the models may disagree there past exp's range, and a masked inf has a NaN gradient
     ratio = torch.exp(torch.where(mask.bool(), logp - old_logp.detach(), 0.0))
-    surrogate = torch.min(ratio * a, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * a)
-    loss = aggregate(-surrogate, mask, loss_type, norm)
     r, m = ratio.detach(), mask.bool()
     low = (r < 1 - clip_eps_low) & (a < 0) & m  # clipped: no gradient there (TRL's clip_ratio/low_mean)
     high = (r > 1 + clip_eps_high) & (a > 0) & m  # (clip_ratio/high_mean)
+    # the min taken by its cases: the clipped term where it is strictly the smaller, else ρ Â. So at a tie (ρ = 1
+    # on-policy, on both bounds at ε = 0) the gradient is ρ Â's, REINFORCE's, whatever torch does at min's ties and
+    # clamp's bounds (torch 2.14 gives clamp no gradient at a bound: torch.min then passes half of it)
+    surrogate = torch.where(low | high, r.clamp(1 - clip_eps_low, 1 + clip_eps_high) * a, ratio * a)
+    loss = aggregate(-surrogate, mask, loss_type, norm)
     stats = {"clip_frac": (low | high).sum() / norm["n_tokens"],
              "clip_low_frac": low.sum() / norm["n_tokens"], "clip_high_frac": high.sum() / norm["n_tokens"],
              "ratio_mean": torch.where(m, r, 0.0).sum() / norm["n_tokens"]}
